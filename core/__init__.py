@@ -1,0 +1,73 @@
+"""rlcoach: train LLM agents with reinforcement learning from the code you already have.
+
+The loop: agent code calls the policy through an OpenAI client inside a rollout scope;
+the policy endpoint records the exact sampled tokens; a reward is attached; `train()`
+turns scored groups into a new LoRA that the engine serves a moment later.
+
+Importing `rlcoach` imports no optional dependency (vLLM, LangGraph, MCP, Langfuse, W&B)
+and not torch either: engines and the trainer load on first use.
+"""
+
+from rlcoach.backend import LocalBackend, StepResult
+from rlcoach.bundled import BUNDLED_MODEL
+from rlcoach.config import EngineConfig, LoraConfig, TrainConfig
+from rlcoach.dataset import DatasetBatch, iterate_dataset
+from rlcoach.errors import (
+    CheckpointError,
+    ConfigError,
+    EngineError,
+    EngineStartError,
+    RLCoachError,
+    RolloutError,
+    TrainingDataError,
+    UnknownModelError,
+)
+from rlcoach.gather import AfterEach, RolloutFn, gather_trajectory_groups, retry
+from rlcoach.model import Model, TrainableModel
+from rlcoach.rollout import Rollout, current_rollout_id
+from rlcoach.types import (
+    History,
+    RolloutFailure,
+    SampledChoice,
+    Trajectory,
+    TrajectoryGroup,
+    load_groups,
+    save_groups,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BUNDLED_MODEL",
+    "AfterEach",
+    "CheckpointError",
+    "ConfigError",
+    "DatasetBatch",
+    "EngineConfig",
+    "EngineError",
+    "EngineStartError",
+    "History",
+    "LocalBackend",
+    "LoraConfig",
+    "Model",
+    "RLCoachError",
+    "Rollout",
+    "RolloutError",
+    "RolloutFailure",
+    "RolloutFn",
+    "SampledChoice",
+    "StepResult",
+    "TrainConfig",
+    "TrainableModel",
+    "TrainingDataError",
+    "Trajectory",
+    "TrajectoryGroup",
+    "UnknownModelError",
+    "__version__",
+    "current_rollout_id",
+    "gather_trajectory_groups",
+    "iterate_dataset",
+    "load_groups",
+    "retry",
+    "save_groups",
+]

@@ -1,0 +1,218 @@
+"""LocalBackend: the policy endpoint and the trainer on this machine.
+
+`register(model)` resolves the base model, starts the engine (vLLM subprocess or the
+in-process transformers engine) and the gateway in front of it, and resumes the model
+from its latest complete checkpoint. `train(model, groups)` saves the groups beside the
+checkpoints first (so a crash mid-step loses no trajectory), runs one LoRA step in a
+worker thread, writes the adapter to a temp folder renamed to
+`<root>/<project>/<model>/checkpoints/<step>/`, publishes it to the engine and bumps
+the model's step. On a CPU, rollouts and training never overlap: `train` is only called
+between gathers, and the engine sits idle while the trainer runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rlcoach.bundled import BUNDLED_MODEL, bundled_model_path
+from rlcoach.config import EngineConfig, TrainConfig, parse_config
+from rlcoach.engines.base import Engine
+from rlcoach.errors import CheckpointError, ConfigError
+from rlcoach.gateway import Gateway
+from rlcoach.paths import DEFAULT_ROOT, RunPaths, append_jsonl
+from rlcoach.router import Router
+from rlcoach.types import TrajectoryGroup, save_groups
+
+if TYPE_CHECKING:
+    from rlcoach.model import TrainableModel
+    from rlcoach.trainer.lora import LoraTrainer, StepStats
+
+__all__ = ["LocalBackend", "StepResult", "resolve_base_model"]
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_base_model(base_model: str) -> Path:
+    """A local model folder for `base_model` (the bundled name, or a path)."""
+    if base_model == BUNDLED_MODEL:
+        return bundled_model_path()
+    path = Path(base_model).expanduser()
+    if (path / "config.json").is_file():
+        return path
+    raise ConfigError(
+        f"base model {base_model!r} was not found: it is neither {BUNDLED_MODEL!r} (the "
+        "bundled model) nor a folder with a config.json; fix: pass a local model folder "
+        "(model hubs are not used), e.g. one written by `save_pretrained`"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What `train()` did: the new step, the trainer's stats, publish timings."""
+
+    step: int
+    stats: StepStats
+    checkpoint: Path | None
+    publish_seconds: float
+    save_seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "publish_seconds": self.publish_seconds,
+                "save_seconds": self.save_seconds, **self.stats.as_dict()}  # fmt: skip
+
+
+class LocalBackend:
+    """Serve and train models on this machine."""
+
+    def __init__(self, root: str | os.PathLike[str] = DEFAULT_ROOT,
+                 engine: EngineConfig | dict[str, Any] | None = None) -> None:  # fmt: skip
+        # Absolute, because the vLLM server resolves adapter paths from its own cwd.
+        self.root = Path(root).absolute()
+        self.engine_config = parse_config(EngineConfig, engine)
+        self.engine: Engine | None = None
+        self.gateway: Gateway | None = None
+        self.base_model: str | None = None
+        self._model_path: Path | None = None
+        self._trainers: dict[str, LoraTrainer] = {}
+        self._models: dict[str, TrainableModel] = {}
+
+    @property
+    def url(self) -> str:
+        if self.gateway is None:
+            raise ConfigError("the backend is not started; register a model first")
+        return self.gateway.url
+
+    async def __aenter__(self) -> LocalBackend:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _start(self, base_model: str) -> None:
+        self._model_path = await asyncio.to_thread(resolve_base_model, base_model)
+        c = self.engine_config
+        base_name = Path(base_model).name if base_model != BUNDLED_MODEL else BUNDLED_MODEL
+        engine: Engine
+        if c.kind == "vllm":
+            from rlcoach.engines.vllm import VLLMEngine
+
+            log = self.root / "logs" / f"vllm-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+            engine = VLLMEngine(self._model_path, base_name, c, log)
+        else:
+            from rlcoach.engines.transformers import TransformersEngine
+
+            template = c.chat_template.read_text() if c.chat_template else None
+            engine = TransformersEngine(self._model_path, base_name, chat_template=template,
+                                        max_model_len=c.max_model_len, dtype=c.dtype)  # fmt: skip
+        gateway = Gateway(engine, Router(engine, c.max_loras), c.host, c.port)
+        gateway.start()
+        try:
+            await gateway.call(engine.start())
+        except BaseException:
+            await gateway.call(engine.close())
+            gateway.stop()
+            raise
+        self.engine, self.gateway, self.base_model = engine, gateway, base_model
+
+    async def register(self, model: TrainableModel) -> None:
+        if self.gateway is None:
+            await self._start(model.base_model)
+        elif model.base_model != self.base_model:
+            raise ConfigError(
+                f"model {model.name!r} wants base model {model.base_model!r} but this backend "
+                f"serves {self.base_model!r}; fix: use one LocalBackend per base model"
+            )
+        assert self.gateway is not None
+        paths = self.paths(model)
+        for removed in paths.remove_partial_checkpoints():
+            logger.warning("removed a partial checkpoint left by a crash: %s", removed)
+        latest = paths.latest_checkpoint()
+        steps = {}
+        if paths.checkpoints.is_dir():
+            steps = {int(p.name): p for p in paths.checkpoints.iterdir() if p.name.isdigit()
+                     and (p / "adapter_config.json").exists()}  # fmt: skip
+        model.step = latest[0] if latest else 0
+        self.gateway.router.register(model.name, 0, steps)
+        if latest is not None:
+            await self.gateway.call(self.gateway.router.publish(model.name, *latest))
+            logger.info("resumed %s from %s", model.served_name, latest[1])
+        self._models[model.name] = model
+
+    def paths(self, model: TrainableModel) -> RunPaths:
+        return RunPaths(self.root, model.project, model.name)
+
+    async def take_exchanges(self, rollout_id: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        if self.gateway is None:
+            return []
+        return self.gateway.recorder.take(rollout_id)
+
+    def _trainer(self, model: TrainableModel) -> LoraTrainer:
+        trainer = self._trainers.get(model.name)
+        if trainer is None:
+            from rlcoach.trainer.lora import LoraTrainer
+
+            assert self._model_path is not None
+            trainer = LoraTrainer(self._model_path, model.config)
+            latest = self.paths(model).latest_checkpoint()
+            if latest is not None:
+                trainer.load(latest[1])
+            self._trainers[model.name] = trainer
+        return trainer
+
+    async def train(self, model: TrainableModel, groups: list[TrajectoryGroup],
+                    config: TrainConfig | dict[str, Any] | None = None) -> StepResult:  # fmt: skip
+        """One step on `groups`; returns once the new adapter is served."""
+        if self.gateway is None or model.name not in self._models:
+            raise ConfigError(f"model {model.name!r} is not registered with this backend")
+        train_config = parse_config(TrainConfig, config) if config is not None else model.config
+        paths = self.paths(model)
+        next_step = model.step + 1
+        save_groups(paths.trajectory_file(next_step), groups)
+        trainer = await asyncio.to_thread(self._trainer, model)
+        stats = await asyncio.to_thread(trainer.step, groups, train_config)
+        if not stats.trained:
+            logger.warning("step %d: no group had reward variance; nothing trained", next_step)
+            result = StepResult(model.step, stats, None, 0.0, 0.0)
+            append_jsonl(paths.metrics, {"event": "skipped", **result.as_dict()})
+            return result
+        saved = time.perf_counter()
+        folder = await asyncio.to_thread(self._save, trainer, paths, next_step)
+        save_seconds = time.perf_counter() - saved
+        publish_seconds = await self.gateway.call(
+            self.gateway.router.publish(model.name, next_step, folder)
+        )
+        model.step = next_step
+        result = StepResult(next_step, stats, folder, publish_seconds, save_seconds)
+        append_jsonl(paths.metrics, {"event": "train", **result.as_dict()})
+        return result
+
+    @staticmethod
+    def _save(trainer: LoraTrainer, paths: RunPaths, step: int) -> Path:
+        target = paths.checkpoint(step)
+        if target.exists():
+            raise CheckpointError(
+                f"checkpoint {target} already exists; refusing to overwrite a saved step — "
+                "fix: register the model again so it resumes from its latest checkpoint"
+            )
+        temp = paths.temp_checkpoint()
+        try:
+            trainer.save(temp)
+            os.replace(temp, target)
+        except BaseException:
+            shutil.rmtree(temp, ignore_errors=True)
+            raise
+        return target
+
+    async def close(self) -> None:
+        if self.gateway is not None and self.engine is not None:
+            await self.gateway.call(self.engine.close())
+            self.gateway.stop()
+        self.gateway = None
+        self.engine = None

@@ -1,0 +1,51 @@
+"""The `rlcoach` command line."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="Train LLM agents with reinforcement learning.", no_args_is_help=True)
+
+
+@app.callback()
+def main(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+
+
+@app.command()
+def demo(
+    steps: Annotated[int, typer.Option(min=1, help="Training steps.")] = 8,
+    questions_per_step: Annotated[int, typer.Option(min=1)] = 2,
+    group_size: Annotated[int, typer.Option(min=2, help="Attempts per question.")] = 8,
+    eval_questions: Annotated[int, typer.Option(min=1)] = 48,
+    eval_samples: Annotated[int, typer.Option(min=1)] = 2,
+    learning_rate: Annotated[float, typer.Option(min=0.0)] = 1e-3,
+    engine: Annotated[str, typer.Option(help="vllm or transformers.")] = "vllm",
+    root: Annotated[Path, typer.Option(help="Where runs are written.")] = Path(".rlcoach"),
+    seed: int = 0,
+    resume: Annotated[str | None, typer.Option(help="Continue this demo model.")] = None,
+) -> None:
+    """Train the bundled model to use an `add` tool; print success before and after."""
+    from rlcoach.demo.run import DemoConfig, run_demo
+    from rlcoach.errors import RLCoachError
+
+    config = DemoConfig(steps=steps, questions_per_step=questions_per_step,
+                        group_size=group_size, eval_questions=eval_questions,
+                        eval_samples=eval_samples, learning_rate=learning_rate, engine=engine,
+                        root=root, seed=seed, resume=resume)  # fmt: skip
+    try:
+        result = asyncio.run(run_demo(config))
+    except RLCoachError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
+    typer.echo(result.summary())
+
+
+if __name__ == "__main__":
+    app()

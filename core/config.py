@@ -1,0 +1,121 @@
+"""Configuration: one small pydantic model per component, validated once.
+
+Defaults run on a 2-core CPU with the bundled 135M model. Unknown fields are refused
+(`extra="forbid"`), and a bad value raises `ConfigError` naming the field, the value,
+the reason and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from rlcoach.errors import ConfigError
+
+__all__ = ["EngineConfig", "LoraConfig", "TrainConfig", "check_name", "parse_config"]
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+Config = TypeVar("Config", bound=BaseModel)
+
+
+def check_name(kind: str, value: object) -> str:
+    """Check that a model or project name is one safe path component."""
+    if not isinstance(value, str) or not _SAFE_NAME.match(value) or ".." in value:
+        raise ConfigError(
+            f"{kind} name {value!r} is not a safe path component: it becomes a folder under "
+            "the run root and part of the served name `name@step`; fix: use 1-100 letters, "
+            "digits, '.', '_' or '-', starting with a letter or digit (e.g. 'calc-agent')"
+        )
+    return value
+
+
+def parse_config(cls: type[Config], value: Config | dict[str, Any] | None) -> Config:
+    """Validate `value` as `cls`, turning pydantic's error into a `ConfigError`."""
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls.model_validate(value or {})
+    except ValidationError as e:
+        problems = []
+        for error in e.errors():
+            field = ".".join(str(part) for part in error["loc"]) or cls.__name__
+            problems.append(f"{field}={error.get('input')!r}: {error['msg']}")
+        fields = ", ".join(sorted(cls.model_fields))
+        raise ConfigError(
+            f"invalid {cls.__name__}: " + "; ".join(problems) + f" (fix: valid fields are {fields})"
+        ) from e
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LoraConfig(_Strict):
+    """The LoRA adapter that training produces."""
+
+    rank: int = Field(8, ge=1, le=256)
+    """Adapter rank; the engine is started to accept up to `EngineConfig.max_lora_rank`."""
+    alpha: int = Field(16, ge=1)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+
+
+class TrainConfig(_Strict):
+    """One GRPO step: objective, optimizer, batching."""
+
+    learning_rate: float = Field(2e-4, gt=0.0, le=1.0)
+    loss: Literal["grpo", "dr_grpo", "cispo"] = "grpo"
+    """Token-level PPO-clip (`grpo`), Dr.GRPO normalisation, or CISPO (see objective.py)."""
+    clip_low: float = Field(0.2, ge=0.0, le=1.0)
+    clip_high: float = Field(0.28, ge=0.0, le=10.0)
+    scale_rewards: bool = False
+    """Divide advantages by the group's reward std (the GRPO paper) or not (Dr.GRPO)."""
+    kl_coef: float = Field(0.0, ge=0.0)
+    """Weight of the k3 KL estimate to the base model (0 skips the reference pass)."""
+    mini_batches: int = Field(1, ge=1)
+    """Optimizer steps per batch of groups; 1 is one step per batch."""
+    micro_batch_tokens: int = Field(1024, ge=64)
+    """Tokens per forward/backward pass; sequences are packed up to this many (a longer
+    sequence gets a row of its own). Attention inside a row costs its length squared, so
+    rows only a little longer than typical sequences are fastest."""
+    logprob_chunk_tokens: int = Field(1024, ge=16)
+    """Tokens per chunk of the vocabulary projection (bounds the logits' memory)."""
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    seed: int = 0
+
+
+class EngineConfig(_Strict):
+    """The inference engine behind the policy endpoint."""
+
+    kind: Literal["vllm", "transformers"] = "vllm"
+    host: str = "127.0.0.1"
+    port: int = Field(0, ge=0, le=65535)
+    """Port of the policy endpoint (the gateway); 0 picks a free one."""
+    max_model_len: int = Field(4096, ge=128)
+    max_loras: int = Field(2, ge=1)
+    """Adapters the engine holds at once (two: in-flight requests finish on the old one)."""
+    max_lora_rank: int = Field(16, ge=1)
+    kv_cache_gib: float = Field(2.0, gt=0.0)
+    """KV cache size on the CPU (`VLLM_CPU_KVCACHE_SPACE`)."""
+    gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0)
+    tool_call_parser: str = "hermes"
+    """vLLM tool parser; the bundled template writes Hermes `<tool_call>` blocks."""
+    chat_template: Path | None = None
+    """A Jinja chat template file; None uses the model folder's own."""
+    extra_args: list[str] = Field(default_factory=list)
+    """More `vllm serve` arguments, passed as they are."""
+    startup_timeout_s: float = Field(600.0, gt=0.0)
+    request_timeout_s: float = Field(600.0, gt=0.0)
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+
+    @model_validator(mode="after")
+    def _template_exists(self) -> EngineConfig:
+        if self.chat_template is not None and not Path(self.chat_template).is_file():
+            raise ValueError(f"chat template file {str(self.chat_template)!r} does not exist")
+        return self

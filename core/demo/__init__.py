@@ -1,0 +1,1 @@
+"""The bundled demo: a calculator tool-use task with a verifiable reward."""

@@ -1,0 +1,1 @@
+"""Inference engines behind the policy endpoint (vLLM, transformers)."""

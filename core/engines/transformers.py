@@ -1,0 +1,215 @@
+"""The transformers engine: the same protocol as vLLM, in-process, with an instant start.
+
+It exists for fast tests, for the smallest setups, and as the reference that vLLM's
+logprobs are checked against. Requests run one at a time in a worker thread (a lock
+serialises them; the CPU has no spare cores for two). The logprob of each sampled token
+is taken from the raw logits (temperature 1, no top-p), which is what vLLM reports by
+default and what the trainer recomputes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from rlcoach.chat_template import parse_tool_calls
+from rlcoach.engines.base import EngineHTTPError
+
+__all__ = ["TransformersEngine"]
+
+logger = logging.getLogger(__name__)
+
+
+def _bad_request(message: str, param: str | None = None) -> EngineHTTPError:
+    return EngineHTTPError(
+        400, {"error": {"message": message, "type": "invalid_request_error", "param": param}}
+    )
+
+
+class TransformersEngine:
+    """Serve a base model and peft adapters with `transformers.generate`."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        base_name: str,
+        *,
+        max_model_len: int = 4096,
+        chat_template: str | None = None,
+        dtype: str = "auto",
+    ) -> None:
+        self.model_path = Path(model_path)
+        self.base_name = base_name
+        self.max_model_len = max_model_len
+        self._chat_template = chat_template
+        self._dtype = dtype
+        self._lock = threading.Lock()
+        self._adapters: set[str] = set()
+        self._model: Any = None
+        self._tokenizer: Any = None
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._load)
+
+    def _load(self) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        dtype = getattr(torch, self._dtype) if self._dtype != "auto" else "auto"
+        self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        if self._chat_template is not None:
+            self._tokenizer.chat_template = self._chat_template
+        self._model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
+        self._model.eval()
+
+    async def healthy(self) -> bool:
+        return self._model is not None
+
+    async def load_adapter(self, served_name: str, path: Path) -> None:
+        await asyncio.to_thread(self._load_adapter, served_name, Path(path))
+
+    def _load_adapter(self, served_name: str, path: Path) -> None:
+        with self._lock:
+            if served_name in self._adapters:
+                self._model.delete_adapter(served_name)
+            self._model.load_adapter(str(path), adapter_name=served_name)
+            self._adapters.add(served_name)
+
+    async def unload_adapter(self, served_name: str) -> None:
+        def unload() -> None:
+            with self._lock:
+                if served_name in self._adapters:
+                    self._model.delete_adapter(served_name)
+                    self._adapters.discard(served_name)
+
+        await asyncio.to_thread(unload)
+
+    async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        name = body.get("model")
+        if name != self.base_name and name not in self._adapters:
+            raise EngineHTTPError(
+                404,
+                {"error": {"message": f"model {name!r} is not loaded", "type": "not_found"}},
+            )
+        return await asyncio.to_thread(self._chat, body)
+
+    def _chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        import torch
+
+        tools = body.get("tools") or None
+        tool_choice = body.get("tool_choice", "auto")
+        try:
+            prompt_ids = self._tokenizer.apply_chat_template(
+                body["messages"],
+                tools=tools,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+            )
+        except Exception as e:
+            raise _bad_request(f"the messages do not fit the chat template: {e}", "messages") from e
+        if prompt_ids and isinstance(prompt_ids[0], list):
+            prompt_ids = prompt_ids[0]
+        room = self.max_model_len - len(prompt_ids)
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or room
+        if room <= 0 or max_tokens > room:
+            raise _bad_request(
+                f"the prompt has {len(prompt_ids)} tokens and {max_tokens} more were asked for, "
+                f"over the context of {self.max_model_len}; shorten the prompt or max_tokens",
+                "max_tokens",
+            )
+        n = int(body.get("n") or 1)
+        temperature = body.get("temperature")
+        temperature = 1.0 if temperature is None else float(temperature)
+        top_p = float(body.get("top_p") or 1.0)
+        eos_id = self._tokenizer.eos_token_id
+        with self._lock:
+            if body["model"] == self.base_name:
+                if self._adapters:
+                    self._model.disable_adapters()
+            else:
+                self._model.set_adapter(body["model"])
+                self._model.enable_adapters()
+            if body.get("seed") is not None:
+                torch.manual_seed(int(body["seed"]))
+            input_ids = torch.tensor([prompt_ids])
+            sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p}
+            if temperature == 0.0:
+                sampling = {"do_sample": False}
+            with torch.inference_mode():
+                out = self._model.generate(
+                    input_ids,
+                    attention_mask=torch.ones_like(input_ids),
+                    max_new_tokens=int(max_tokens),
+                    num_return_sequences=n,
+                    eos_token_id=eos_id,
+                    pad_token_id=eos_id,
+                    output_logits=True,
+                    return_dict_in_generate=True,
+                    stop_strings=body.get("stop") or None,
+                    tokenizer=self._tokenizer,
+                    top_k=0,
+                    **sampling,
+                )
+            logits_S_N_V = torch.stack(out.logits, dim=0).float()
+        logprobs_S_N_V = torch.log_softmax(logits_S_N_V, dim=-1)
+        completions = out.sequences[:, len(prompt_ids) :]
+        choices = []
+        completion_tokens = 0
+        for index in range(n):
+            ids = completions[index].tolist()
+            if eos_id in ids:
+                ids = ids[: ids.index(eos_id) + 1]
+                finish = "stop"
+            else:
+                finish = "length" if len(ids) >= int(max_tokens) else "stop"
+            completion_tokens += len(ids)
+            logprobs = [float(logprobs_S_N_V[s, index, t]) for s, t in enumerate(ids)]
+            text = self._tokenizer.decode(ids, skip_special_tokens=True)
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if tools and tool_choice != "none":
+                content, calls = parse_tool_calls(text)
+                if calls:
+                    message = {"role": "assistant", "content": content, "tool_calls": calls}
+                    finish = "tool_calls"
+            choices.append(
+                {
+                    "index": index,
+                    "message": message,
+                    "finish_reason": finish,
+                    "token_ids": ids,
+                    "logprobs": {
+                        "content": [
+                            {
+                                "token": self._tokenizer.convert_ids_to_tokens(t),
+                                "logprob": lp,
+                                "bytes": None,
+                                "top_logprobs": [],
+                            }
+                            for t, lp in zip(ids, logprobs, strict=True)
+                        ]
+                    },
+                }
+            )
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body["model"],
+            "choices": choices,
+            "prompt_token_ids": list(prompt_ids),
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": completion_tokens,
+                "total_tokens": len(prompt_ids) + completion_tokens,
+            },
+        }
+
+    async def close(self) -> None:
+        self._model = None
+        self._adapters.clear()

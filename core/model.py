@@ -1,0 +1,150 @@
+"""Models: the policy being trained, and plain models served elsewhere.
+
+`Model` is anything behind an OpenAI-compatible URL (a judge, a baseline, a hosted API;
+its key is read from the environment variable you name, never stored). `TrainableModel`
+is the policy: a name, a project, a base model and a training config. Once registered
+with a backend it is served as `name@step`; `openai_client()` points at the backend's
+policy endpoint, and `rollout()` opens a recording scope.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from rlcoach.bundled import BUNDLED_MODEL
+from rlcoach.config import TrainConfig, check_name, parse_config
+from rlcoach.errors import ConfigError
+from rlcoach.gateway import ROLLOUT_HEADER
+from rlcoach.rollout import Rollout, current_rollout_id
+from rlcoach.types import Scalar, TrajectoryGroup
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+
+    from rlcoach.backend import LocalBackend, StepResult
+
+__all__ = ["Model", "TrainableModel"]
+
+
+async def _tag_rollout(request: httpx.Request) -> None:
+    rollout_id = current_rollout_id()
+    if rollout_id is not None and ROLLOUT_HEADER not in request.headers:
+        request.headers[ROLLOUT_HEADER] = rollout_id
+
+
+class Model:
+    """A model served behind an OpenAI-compatible endpoint."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        base_url: str | None = None,
+        api_key_env: str | None = None,
+        timeout_s: float = 600.0,
+        max_retries: int = 2,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"model name {name!r} must be a non-empty string")
+        self.name = name
+        self.base_url = base_url
+        self.api_key_env = api_key_env
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+
+    @property
+    def served_name(self) -> str:
+        """The name to put in a request's `model` field."""
+        return self.name
+
+    def _endpoint(self) -> str:
+        if self.base_url is None:
+            raise ConfigError(
+                f"model {self.name!r} has no base_url; fix: Model({self.name!r}, "
+                "base_url='https://host/v1', api_key_env='MY_API_KEY')"
+            )
+        return self.base_url
+
+    def _api_key(self) -> str:
+        if self.api_key_env is None:
+            return "none"
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise ConfigError(
+                f"model {self.name!r} reads its API key from ${self.api_key_env}, which is not "
+                f"set; fix: export {self.api_key_env}=... before running"
+            )
+        return key
+
+    def openai_client(self, **kwargs: Any) -> AsyncOpenAI:
+        """An `AsyncOpenAI` for this model; calls inside a rollout scope are recorded."""
+        from openai import AsyncOpenAI
+
+        http_client = httpx.AsyncClient(
+            event_hooks={"request": [_tag_rollout]},
+            timeout=httpx.Timeout(self.timeout_s),
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        )
+        return AsyncOpenAI(
+            base_url=self._endpoint(),
+            api_key=self._api_key(),
+            max_retries=self.max_retries,
+            timeout=self.timeout_s,
+            http_client=http_client,
+            **kwargs,
+        )
+
+
+class TrainableModel(Model):
+    """The policy: base model + the LoRA that training produces, served as `name@step`."""
+
+    def __init__(
+        self,
+        name: str,
+        project: str,
+        base_model: str = BUNDLED_MODEL,
+        config: TrainConfig | dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(check_name("model", name))
+        self.project = check_name("project", project)
+        self.base_model = base_model
+        self.config = parse_config(TrainConfig, config)
+        self.step = 0
+        self._backend: LocalBackend | None = None
+
+    @property
+    def backend(self) -> LocalBackend:
+        if self._backend is None:
+            raise ConfigError(
+                f"model {self.name!r} is not registered with a backend; fix: "
+                "`await model.register(LocalBackend())` first"
+            )
+        return self._backend
+
+    @property
+    def served_name(self) -> str:
+        return f"{self.name}@{self.step}"
+
+    def _endpoint(self) -> str:
+        return self.backend.url + "/v1"
+
+    def _api_key(self) -> str:
+        return "rlcoach"
+
+    async def register(self, backend: LocalBackend) -> None:
+        """Serve this model on `backend` (resuming from its latest checkpoint)."""
+        await backend.register(self)
+        self._backend = backend
+
+    def rollout(self, **metadata: Scalar) -> Rollout:
+        """A scope whose policy calls become one trajectory."""
+        return Rollout(self.backend, **metadata)
+
+    async def train(
+        self, groups: list[TrajectoryGroup], config: TrainConfig | dict[str, Any] | None = None
+    ) -> StepResult:
+        """One training step on `groups`; the new adapter is served when this returns."""
+        return await self.backend.train(self, groups, config)

@@ -1,0 +1,90 @@
+"""Where a run lives on disk, and how files get there atomically.
+
+`<root>/<project>/<model>/` holds `checkpoints/<step>/` (peft adapters), `trajectories/
+<step>.jsonl` (the groups trained on at that step) and `metrics.jsonl`. The root
+defaults to `.rlcoach/` in the working directory. Every write goes to a temporary name in
+the same folder and is renamed into place, so a crash never leaves a partial file or
+checkpoint where a reader would take it for a complete one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RunPaths", "append_jsonl", "write_text_atomic"]
+
+DEFAULT_ROOT = Path(".rlcoach")
+
+
+class RunPaths:
+    """The folders of one trainable model."""
+
+    def __init__(self, root: str | os.PathLike[str], project: str, model: str) -> None:
+        self.root = Path(root)
+        self.dir = self.root / project / model
+        self.checkpoints = self.dir / "checkpoints"
+        self.trajectories = self.dir / "trajectories"
+        self.metrics = self.dir / "metrics.jsonl"
+
+    def checkpoint(self, step: int) -> Path:
+        return self.checkpoints / f"{step:06d}"
+
+    def trajectory_file(self, step: int) -> Path:
+        return self.trajectories / f"{step:06d}.jsonl"
+
+    def latest_checkpoint(self) -> tuple[int, Path] | None:
+        """The highest complete checkpoint; temp folders of a crashed save are skipped."""
+        if not self.checkpoints.is_dir():
+            return None
+        steps = []
+        for entry in self.checkpoints.iterdir():
+            if entry.is_dir() and entry.name.isdigit() and (entry / "adapter_config.json").exists():
+                steps.append((int(entry.name), entry))
+        return max(steps) if steps else None
+
+    def remove_partial_checkpoints(self) -> list[Path]:
+        """Delete temp folders left by a save that was killed; return what was removed."""
+        removed = []
+        if self.checkpoints.is_dir():
+            for entry in self.checkpoints.iterdir():
+                if entry.name.startswith(".tmp-"):
+                    shutil.rmtree(entry, ignore_errors=True)
+                    removed.append(entry)
+        return removed
+
+    def temp_checkpoint(self) -> Path:
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.checkpoints))
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write `text` to `path` through a temp file and a rename."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def append_jsonl(path: str | os.PathLike[str], record: dict[str, Any]) -> None:
+    """Append one JSON line (a single write, flushed, so a reader never sees half)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(record, sort_keys=True) + "\n"
+    with open(target, "a", encoding="utf-8") as handle:
+        handle.write(line)
+        handle.flush()
+        os.fsync(handle.fileno())

@@ -1,0 +1,128 @@
+"""Served names and adapter swaps: which adapter answers `name`, `name@step` or the base.
+
+Every trainable model is served as `name@step` (step 0 is the base weights) and as plain
+`name`, which means its latest step. The engine holds at most `max_loras` adapters; one
+asked for by an older `name@step` is loaded again from its checkpoint on demand, the
+least recently used idle one making room. Publishing a new step holds new requests until
+the new adapter is loaded, so a request for `name` never lands on the old weights after
+publish returns, while requests already running finish on the version they started with
+(the old adapter is only evicted once nothing runs on it). Runs on the gateway's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter, OrderedDict
+from pathlib import Path
+
+from rlcoach.engines.base import Engine
+from rlcoach.errors import UnknownModelError
+
+__all__ = ["Router"]
+
+logger = logging.getLogger(__name__)
+
+
+class Router:
+    """Map requested model names to engine names and keep the right adapters loaded."""
+
+    def __init__(self, engine: Engine, max_loras: int) -> None:
+        self.engine = engine
+        self.max_loras = max_loras
+        self.latest: dict[str, int] = {}
+        self.checkpoints: dict[str, Path] = {}
+        self._loaded: OrderedDict[str, None] = OrderedDict()
+        self._inflight: Counter[str] = Counter()
+        self._idle = asyncio.Condition()
+        self._swap_done = asyncio.Event()
+        self._swap_done.set()
+        self._load_lock = asyncio.Lock()
+
+    def served_names(self) -> list[str]:
+        names = [self.engine.base_name]
+        for model, latest in sorted(self.latest.items()):
+            names += [f"{model}@{step}" for step in range(latest + 1)
+                      if step == 0 or f"{model}@{step}" in self.checkpoints]  # fmt: skip
+        return names
+
+    def register(self, model: str, step: int, checkpoints: dict[int, Path]) -> None:
+        """Know `model`, its latest step and the checkpoint folder of each step."""
+        self.latest[model] = step
+        for number, path in checkpoints.items():
+            self.checkpoints[f"{model}@{number}"] = path
+
+    def resolve(self, requested: str) -> tuple[str, str]:
+        """Return (served name to report, engine name to ask) for a requested model."""
+        if requested == self.engine.base_name:
+            return requested, requested
+        name, _, step_text = requested.partition("@")
+        if name in self.latest:
+            if not step_text:
+                step = self.latest[name]
+            elif step_text.isdigit():
+                step = int(step_text)
+            else:
+                step = -1
+            served = f"{name}@{step}"
+            if step == 0:
+                return served, self.engine.base_name
+            if step > 0 and served in self.checkpoints:
+                return served, served
+        known = ", ".join(self.served_names())
+        raise UnknownModelError(
+            f"model {requested!r} is not served here: "
+            + (f"{name!r} has no step {step_text!r}" if name in self.latest else
+               f"no model named {name!r} is registered")
+            + f"; fix: use one of {known} (plain `name` means its latest step)"
+        )  # fmt: skip
+
+    async def acquire(self, requested: str) -> tuple[str, str]:
+        """Resolve and mark a request in flight (wait out a swap; load on demand)."""
+        await self._swap_done.wait()
+        served, engine_name = self.resolve(requested)
+        if engine_name != self.engine.base_name:
+            await self._ensure_loaded(engine_name)
+            self._loaded.move_to_end(engine_name)
+        self._inflight[engine_name] += 1
+        return served, engine_name
+
+    async def release(self, engine_name: str) -> None:
+        async with self._idle:
+            self._inflight[engine_name] -= 1
+            self._idle.notify_all()
+
+    async def publish(self, model: str, step: int, path: Path) -> float:
+        """Serve `path` as `model@step` and make it `model`'s latest; return seconds held."""
+        started = time.perf_counter()
+        self._swap_done.clear()
+        try:
+            served = f"{model}@{step}"
+            self.checkpoints[served] = path
+            await self._ensure_loaded(served, reload=True)
+            self.latest[model] = step
+        finally:
+            self._swap_done.set()
+        held = time.perf_counter() - started
+        logger.info("published %s in %.0f ms", served, held * 1000)
+        return held
+
+    async def _ensure_loaded(self, engine_name: str, reload: bool = False) -> None:
+        async with self._load_lock:
+            if engine_name in self._loaded:
+                if not reload:
+                    return
+                await self.engine.unload_adapter(engine_name)
+                self._loaded.pop(engine_name)
+            while len(self._loaded) >= self.max_loras and engine_name not in self._loaded:
+                await self._evict_one(keep=engine_name)
+            await self.engine.load_adapter(engine_name, self.checkpoints[engine_name])
+            self._loaded[engine_name] = None
+
+    async def _evict_one(self, keep: str) -> None:
+        victim = next(name for name in self._loaded if name != keep)
+        async with self._idle:
+            await self._idle.wait_for(lambda: self._inflight[victim] == 0)
+        await self.engine.unload_adapter(victim)
+        self._loaded.pop(victim, None)

@@ -1,0 +1,1 @@
+"""The GRPO trainer: tokenization, objective, LoRA step, checkpoints."""

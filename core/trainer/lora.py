@@ -1,0 +1,222 @@
+"""The LoRA step: one optimizer step per batch of scored groups, on torch + peft.
+
+Flow of `LoraTrainer.step`: group advantages (zero-variance groups dropped and counted)
+→ exact-token sequences → packed rows of at most `micro_batch_tokens` → for each
+mini-batch, forward/backward every row (gradients accumulate), clip, one AdamW step.
+The loss of every row is divided by the normaliser of its whole mini-batch, so
+micro-batching changes nothing but memory. Log-probs are computed by projecting the
+final hidden states onto the vocabulary `logprob_chunk_tokens` at a time under
+activation checkpointing, so no [tokens x vocab] tensor lives for the whole row.
+
+On the CPU the weights stay fp32 and the step runs under bf16 autocast (about twice as
+fast as plain fp32 here); on a GPU the weights are bf16. The reference model for the KL
+term is the same model with the adapter disabled: no second copy.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from rlcoach.config import TrainConfig
+from rlcoach.trainer.objective import group_advantages, loss_normalizer, policy_loss
+from rlcoach.trainer.sequences import PackedRow, TrainSequence, build_sequences, pack_sequences
+from rlcoach.types import TrajectoryGroup
+
+__all__ = ["LoraTrainer", "StepStats", "chunked_token_logprobs"]
+
+logger = logging.getLogger(__name__)
+
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    """What one step did (plain numbers, ready for a metrics sink)."""
+
+    trained: bool
+    groups: int
+    groups_skipped_no_variance: int
+    trajectories: int
+    sequences: int
+    sampled_tokens: int
+    total_tokens: int
+    loss: float
+    grad_norm: float
+    clip_fraction: float
+    kl: float
+    mean_ratio: float
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+def chunked_token_logprobs(
+    causal_lm: Any, input_ids_1T: torch.Tensor, position_ids_1T: torch.Tensor, chunk: int
+) -> torch.Tensor:
+    """Log-prob of each token given the ones before it, shape [T-1] (fp32)."""
+    backbone = causal_lm.get_decoder() if hasattr(causal_lm, "get_decoder") else causal_lm.model
+    lm_head = causal_lm.get_output_embeddings()
+    # Packed sequences must not attend to each other: a block-diagonal causal mask, with a
+    # new block wherever the position ids restart at 0 (sdpa ignores position-id resets).
+    segments_T = torch.cumsum(position_ids_1T[0] == 0, dim=0)
+    length = segments_T.shape[0]
+    causal_TT = torch.ones(length, length, dtype=torch.bool, device=segments_T.device).tril()
+    mask_11TT = (causal_TT & (segments_T[:, None] == segments_T[None, :]))[None, None]
+    hidden_1TH = backbone(input_ids=input_ids_1T, position_ids=position_ids_1T,
+                          attention_mask=mask_11TT).last_hidden_state  # fmt: skip
+    hidden_TH = hidden_1TH[0, :-1]
+    targets_T = input_ids_1T[0, 1:]
+
+    def project(h_CH: torch.Tensor, t_C: torch.Tensor) -> torch.Tensor:
+        logits_CV = lm_head(h_CH).float()
+        return logits_CV.gather(-1, t_C[:, None])[:, 0] - torch.logsumexp(logits_CV, dim=-1)
+
+    pieces = []
+    for start in range(0, hidden_TH.shape[0], chunk):
+        h_CH, t_C = hidden_TH[start : start + chunk], targets_T[start : start + chunk]
+        if torch.is_grad_enabled():
+            pieces.append(checkpoint(project, h_CH, t_C, use_reentrant=False))
+        else:
+            pieces.append(project(h_CH, t_C))
+    return torch.cat(pieces)
+
+
+class LoraTrainer:
+    """A causal LM with a peft LoRA adapter and its optimizer."""
+
+    def __init__(self, model_path: str | Path, config: TrainConfig) -> None:
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForCausalLM
+
+        self.config = config
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        torch.manual_seed(config.seed)
+        base = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
+        base.config.use_cache = False
+        lora = config.lora
+        self.model = get_peft_model(
+            base,
+            LoraConfig(
+                r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                target_modules=lora.target_modules, task_type="CAUSAL_LM",
+            ),
+        )  # fmt: skip
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=config.learning_rate,
+            weight_decay=config.weight_decay,
+        )
+
+    def _autocast(self) -> Any:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+
+    def row_logprobs(self, row: PackedRow, use_adapter: bool = True) -> torch.Tensor:
+        ids = row.input_ids_T[None].to(self.device)
+        positions = row.position_ids_T[None].to(self.device)
+        causal_lm = self.model.get_base_model()
+        with self._autocast():
+            if use_adapter:
+                return chunked_token_logprobs(causal_lm, ids, positions,
+                                              self.config.logprob_chunk_tokens)  # fmt: skip
+            with self.model.disable_adapter(), torch.no_grad():
+                return chunked_token_logprobs(causal_lm, ids, positions,
+                                              self.config.logprob_chunk_tokens)  # fmt: skip
+
+    def step(self, groups: list[TrajectoryGroup], config: TrainConfig | None = None) -> StepStats:
+        """Train on `groups`; returns stats (`trained=False` when no group had variance)."""
+        c = config or self.config
+        for group in self.optimizer.param_groups:
+            group["lr"] = c.learning_rate
+        started = time.perf_counter()
+        sequences: list[TrainSequence] = []
+        skipped = 0
+        trajectories = 0
+        for group in groups:
+            if not group.trajectories:
+                continue
+            rewards_G = torch.tensor(group.rewards, dtype=torch.float32)
+            advantages_G = group_advantages(rewards_G, c.scale_rewards)
+            # Sequences are built even for skipped groups: bad data fails loudly either way.
+            built = [build_sequences(t, float(a))
+                     for t, a in zip(group.trajectories, advantages_G, strict=True)]  # fmt: skip
+            if torch.all(advantages_G.abs() < 1e-8):
+                skipped += 1
+                continue
+            trajectories += len(group.trajectories)
+            sequences += [s for per_trajectory in built for s in per_trajectory]
+        if not sequences:
+            return StepStats(False, len(groups), skipped, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 1.0,
+                             time.perf_counter() - started)  # fmt: skip
+        self.model.train()
+        mini_batches = [sequences[i :: c.mini_batches] for i in range(c.mini_batches)]
+        losses, norms = [], []
+        clipped = kl = ratio = 0.0
+        for part in (p for p in mini_batches if p):
+            normalizer = loss_normalizer(c.loss, [s.sampled_tokens for s in part])
+            self.optimizer.zero_grad(set_to_none=True)
+            part_loss = 0.0
+            for row in pack_sequences(part, c.micro_batch_tokens):
+                ref = self.row_logprobs(row, use_adapter=False) if c.kl_coef > 0 else None
+                new_T = self.row_logprobs(row)
+                terms = policy_loss(
+                    new_T,
+                    row.old_logprobs_T[1:].to(self.device),
+                    row.advantages_T[1:].to(self.device),
+                    row.sampled_mask_T[1:].to(self.device),
+                    normalizer=normalizer, kind=c.loss, clip_low=c.clip_low,
+                    clip_high=c.clip_high, ref_logprobs_T=ref, kl_coef=c.kl_coef,
+                )  # fmt: skip
+                terms.loss.backward()
+                part_loss += float(terms.loss.detach())
+                clipped += float(terms.clipped_tokens.detach())
+                kl += float(terms.kl_sum.detach())
+                ratio += float(terms.ratio_sum.detach())
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            norms.append(float(torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm)))
+            self.optimizer.step()
+            losses.append(part_loss)
+        self.model.eval()
+        sampled = sum(s.sampled_tokens for s in sequences)
+        return StepStats(
+            trained=True,
+            groups=len(groups),
+            groups_skipped_no_variance=skipped,
+            trajectories=trajectories,
+            sequences=len(sequences),
+            sampled_tokens=sampled,
+            total_tokens=sum(len(s.token_ids) for s in sequences),
+            loss=sum(losses) / len(losses),
+            grad_norm=sum(norms) / len(norms),
+            clip_fraction=clipped / sampled,
+            kl=kl / sampled,
+            mean_ratio=ratio / sampled,
+            seconds=time.perf_counter() - started,
+        )
+
+    def save(self, folder: Path) -> None:
+        """Write the peft adapter (loadable by vLLM and transformers) and optimizer state."""
+        self.model.save_pretrained(folder)
+        torch.save(self.optimizer.state_dict(), folder / OPTIMIZER_FILE)
+
+    def load(self, folder: Path) -> None:
+        """Resume adapter weights and optimizer state from a checkpoint folder."""
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        weights = load_file(str(folder / "adapter_model.safetensors"), device=str(self.device))
+        result = set_peft_model_state_dict(self.model, weights)
+        unexpected = getattr(result, "unexpected_keys", [])
+        if unexpected:
+            raise ValueError(f"checkpoint {folder} does not fit this model: {unexpected[:3]}")
+        optimizer_file = folder / OPTIMIZER_FILE
+        if optimizer_file.exists():
+            self.optimizer.load_state_dict(torch.load(optimizer_file, map_location=self.device))

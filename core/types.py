@@ -1,0 +1,207 @@
+"""Trajectories: what a rollout produced, with the exact tokens the policy sampled.
+
+A rollout is one attempt at one task. Everything the policy sampled during it is a
+`SampledChoice` (the assistant message plus the prompt ids, sampled ids and their
+logprobs that the engine reported), so the trainer never re-tokenizes text. Calls that
+continue one conversation form a `History`; a trajectory has a main history and, for
+calls that do not continue it (a sub-agent, a summariser), additional histories.
+Several trajectories for the same task form a `TrajectoryGroup`: GRPO compares rewards
+within a group. All of these are pydantic wire types: they cross HTTP and go to disk
+(one JSON line per group) and come back without loss.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rlcoach.paths import write_text_atomic
+
+__all__ = [
+    "History",
+    "Message",
+    "RolloutFailure",
+    "SampledChoice",
+    "Tool",
+    "Trajectory",
+    "TrajectoryGroup",
+    "load_groups",
+    "save_groups",
+]
+
+Message = dict[str, Any]
+"""An OpenAI chat message (`role`, `content`, optional `tool_calls`, `tool_call_id`)."""
+
+Tool = dict[str, Any]
+"""An OpenAI tool schema (`{"type": "function", "function": {...}}`)."""
+
+Scalar = str | int | float | bool | None
+"""A metadata value: kept simple so every sink can show it."""
+
+
+class SampledChoice(BaseModel):
+    """One completion the policy sampled, with the exact tokens behind it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    message: Message
+    """The assistant message as the client received it (content and/or tool_calls)."""
+    finish_reason: str | None = None
+    """Why sampling stopped: `stop`, `length`, `tool_calls`."""
+    prompt_token_ids: list[int]
+    """The prompt exactly as the engine tokenized it (chat template applied)."""
+    token_ids: list[int]
+    """The sampled token ids, end-of-turn token included when the engine sampled it."""
+    logprobs: list[float]
+    """The engine's log-probability of each sampled token (the behaviour policy)."""
+    policy: str
+    """The served name that sampled it, `name@step` (or the base model's name)."""
+
+    @model_validator(mode="after")
+    def _lengths_agree(self) -> SampledChoice:
+        if len(self.token_ids) != len(self.logprobs):
+            raise ValueError(
+                f"a sampled choice has {len(self.token_ids)} token ids but "
+                f"{len(self.logprobs)} logprobs; they must pair one to one — record the "
+                "choice through the policy endpoint, which returns both"
+            )
+        return self
+
+    @classmethod
+    def from_openai(cls, choice: Any, response: Any) -> SampledChoice:
+        """Build from an `openai` ChatCompletion choice returned by the policy endpoint."""
+        data = choice.model_dump() if hasattr(choice, "model_dump") else dict(choice)
+        resp = response.model_dump() if hasattr(response, "model_dump") else dict(response)
+        return choice_from_response_json(data, resp)
+
+
+def choice_from_response_json(choice: dict[str, Any], response: dict[str, Any]) -> SampledChoice:
+    """Build a `SampledChoice` from the JSON of one choice of a chat completion."""
+    content = (choice.get("logprobs") or {}).get("content") or []
+    token_ids = choice.get("token_ids")
+    prompt_ids = response.get("prompt_token_ids")
+    if token_ids is None or prompt_ids is None:
+        raise ValueError(
+            "this chat completion carries no token ids; it was not produced by the "
+            "rlcoach policy endpoint (which always returns `prompt_token_ids` and "
+            "`choices[].token_ids`) — send the request through `model.openai_client()`"
+        )
+    message = {k: v for k, v in (choice.get("message") or {}).items() if v is not None}
+    message.setdefault("role", "assistant")
+    return SampledChoice(
+        message=message,
+        finish_reason=choice.get("finish_reason"),
+        prompt_token_ids=list(prompt_ids),
+        token_ids=list(token_ids),
+        logprobs=[float(entry["logprob"]) for entry in content],
+        policy=str(response.get("model", "")),
+    )
+
+
+class History(BaseModel):
+    """One conversation: its messages and the choices sampled along it, in order."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    messages: list[Message] = Field(default_factory=list)
+    """The conversation, sampled assistant turns included."""
+    tools: list[Tool] | None = None
+    """The tools offered to the policy in this conversation."""
+    choices: list[SampledChoice] = Field(default_factory=list)
+    """What the policy sampled, in call order; the trainer learns from these tokens."""
+
+
+class RolloutFailure(BaseModel):
+    """A rollout that raised: recorded and counted, not allowed to kill the step."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: str
+    message: str
+    traceback: str = ""
+
+
+class Trajectory(BaseModel):
+    """One rollout: its histories, its reward and what the user wants to keep with it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    """Unique id; also the rollout id the policy endpoint recorded the calls under."""
+    messages: list[Message] = Field(default_factory=list)
+    """The main conversation, sampled assistant turns included."""
+    tools: list[Tool] | None = None
+    """The tools offered in the main conversation."""
+    choices: list[SampledChoice] = Field(default_factory=list)
+    """Choices sampled along the main conversation, in call order."""
+    additional_histories: list[History] = Field(default_factory=list)
+    """Calls that do not continue the main conversation (sub-agents, summarisers)."""
+    reward: float = 0.0
+    metrics: dict[str, float] = Field(default_factory=dict)
+    """Numbers to average per step (e.g. `success`, `tool_calls`)."""
+    metadata: dict[str, Scalar] = Field(default_factory=dict)
+    """What the rollout was about (task id, split, ...)."""
+    logs: list[str] = Field(default_factory=list)
+    """Free-form notes (a judge's explanation, a tool error)."""
+
+    def histories(self) -> list[History]:
+        """The main history followed by the additional ones."""
+        main = History(messages=self.messages, tools=self.tools, choices=self.choices)
+        return [main, *self.additional_histories]
+
+    @property
+    def policy_versions(self) -> list[str]:
+        """The served names that sampled this trajectory's choices (usually one)."""
+        names = {c.policy for h in self.histories() for c in h.choices}
+        return sorted(names)
+
+    def sampled_token_count(self) -> int:
+        return sum(len(c.token_ids) for h in self.histories() for c in h.choices)
+
+
+class TrajectoryGroup(BaseModel):
+    """Attempts at the same task: GRPO's unit of comparison."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trajectories: list[Trajectory] = Field(default_factory=list)
+    failures: list[RolloutFailure] = Field(default_factory=list)
+    """Rollouts of this group that raised; they are not trained on."""
+    metadata: dict[str, Scalar] = Field(default_factory=dict)
+
+    def __init__(self, trajectories: Iterable[Trajectory] = (), **data: Any) -> None:
+        super().__init__(trajectories=list(trajectories), **data)
+
+    @property
+    def rewards(self) -> list[float]:
+        return [t.reward for t in self.trajectories]
+
+
+def save_groups(path: str | os.PathLike[str], groups: Iterable[TrajectoryGroup]) -> Path:
+    """Write groups as JSON lines, atomically (a temp file renamed over the target)."""
+    return write_text_atomic(path, "".join(group.model_dump_json() + "\n" for group in groups))
+
+
+def load_groups(path: str | os.PathLike[str]) -> list[TrajectoryGroup]:
+    """Read groups written by `save_groups`."""
+    groups = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                groups.append(TrajectoryGroup.model_validate_json(line))
+            except ValueError as e:
+                raise ValueError(f"{path}:{number} is not a trajectory group: {e}") from e
+    return groups
+
+
+def dumps_message(message: Message) -> str:
+    """A stable text form of a message, for comparing conversations."""
+    return json.dumps(message, sort_keys=True, ensure_ascii=False)

@@ -1,0 +1,3 @@
+"""RULER: group-relative LLM-judge rewards (`rlcoach.ruler`). Imports only `rlcoach`."""
+
+__all__: list[str] = []

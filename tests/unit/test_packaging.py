@@ -1,0 +1,83 @@
+"""Import boundaries (DESIGN.md), no side effects on import, and the wheel's contents."""
+
+import ast
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Folder -> the rlcoach subpackages its modules may import (core may import none of them).
+ALLOWED = {
+    "core": set(),
+    "ruler": {"rlcoach.ruler"},
+    "autorl": {"rlcoach.autorl"},
+    "integrations": {"rlcoach.ruler", "rlcoach.autorl", "rlcoach.integrations"},
+}
+PLUGINS = {"rlcoach.ruler", "rlcoach.autorl", "rlcoach.integrations"}
+OPTIONAL = {"vllm", "langgraph", "langchain_openai", "langchain_core", "mcp", "langfuse", "wandb"}
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("folder", sorted(ALLOWED))
+def test_folders_import_only_what_design_allows(folder):
+    for path in (ROOT / folder).rglob("*.py"):
+        for name in _imports(path):
+            plugin = next((p for p in PLUGINS if name == p or name.startswith(p + ".")), None)
+            if plugin is not None:
+                assert plugin in ALLOWED[folder], f"{path} imports {name}"
+            if folder != "integrations":
+                assert name.split(".")[0] not in OPTIONAL, f"{path} imports optional {name}"
+
+
+def test_import_rlcoach_is_light_and_has_no_side_effects(tmp_path):
+    code = (
+        "import json, os, sys, logging; before = set(os.listdir('.'));"
+        "import rlcoach;"
+        "print(json.dumps({'modules': sorted(sys.modules), 'handlers':"
+        " len(logging.getLogger().handlers), 'files': sorted(set(os.listdir('.')) - before)}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    report = json.loads(out)
+    heavy = {"torch", "transformers", "peft", "vllm", "openai", *OPTIONAL}
+    loaded = {m.split(".")[0] for m in report["modules"]}
+    assert not heavy & loaded, f"import rlcoach loaded {sorted(heavy & loaded)}"
+    assert report["handlers"] == 0
+    assert report["files"] == []
+
+
+def test_public_api_is_curated():
+    import rlcoach
+
+    assert sorted(rlcoach.__all__) == sorted(set(rlcoach.__all__))
+    for name in rlcoach.__all__:
+        assert hasattr(rlcoach, name), name
+
+
+def test_wheel_holds_every_package_under_one_namespace(tmp_path):
+    subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir",
+                    str(tmp_path), str(ROOT)], check=True, capture_output=True)  # fmt: skip
+    (wheel,) = tmp_path.glob("rlcoach-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for expected in ["rlcoach/__init__.py", "rlcoach/py.typed", "rlcoach/trainer/objective.py",
+                     "rlcoach/engines/vllm.py", "rlcoach/demo/task.py", "rlcoach/cli.py",
+                     "rlcoach/ruler/__init__.py", "rlcoach/autorl/__init__.py",
+                     "rlcoach/integrations/__init__.py"]:  # fmt: skip
+        assert expected in names, expected
+    assert not any(n.startswith(("core/", "tests/", "bench/")) for n in names)
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "rlcoach = rlcoach.cli:app" in zipfile.ZipFile(wheel).read(entry_points).decode()

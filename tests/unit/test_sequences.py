@@ -1,0 +1,110 @@
+"""Training sequences and masks on the real SmolLM2 tokenizer, with tool calls.
+
+The prompts are rendered by the bundled chat template, exactly as the engines render
+them; the "sampled" ids are what a policy would have produced for those replies.
+"""
+
+import pytest
+import torch
+
+from rlcoach import SampledChoice, TrainingDataError, Trajectory
+from rlcoach.demo.task import ADD_TOOL
+from rlcoach.trainer.sequences import build_sequences, pack_sequences
+
+CALL = {"id": "c1", "type": "function",
+        "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}  # fmt: skip
+USER = [{"role": "user", "content": "What is 1 + 2?"}]
+AFTER_CALL = [*USER, {"role": "assistant", "content": None, "tool_calls": [CALL]},
+              {"role": "tool", "tool_call_id": "c1", "content": "3"}]  # fmt: skip
+
+
+def _render(tokenizer, messages):
+    return tokenizer.apply_chat_template(messages, tools=[ADD_TOOL], add_generation_prompt=True,
+                                         tokenize=True, return_dict=False)  # fmt: skip
+
+
+def _choice(prompt, sampled):
+    return SampledChoice(message={"role": "assistant"}, prompt_token_ids=prompt,
+                         token_ids=sampled, logprobs=[-0.5] * len(sampled), policy="p@0")
+
+
+def _two_turns(tokenizer, first_reply_ids):
+    prompt1, prompt2 = _render(tokenizer, USER), _render(tokenizer, AFTER_CALL)
+    final_ids = [*tokenizer.encode("1 + 2 = 3", add_special_tokens=False), tokenizer.eos_token_id]
+    return Trajectory(choices=[_choice(prompt1, first_reply_ids), _choice(prompt2, final_ids)])
+
+
+def _as_rendered(tokenizer):
+    """The first reply's ids exactly as the template re-renders it in the next prompt."""
+    prompt1, prompt2 = _render(tokenizer, USER), _render(tokenizer, AFTER_CALL)
+    end = prompt2.index(tokenizer.eos_token_id, len(prompt1))
+    return prompt2[len(prompt1) : end + 1]
+
+
+def test_a_turn_that_extends_the_conversation_is_one_sequence(tokenizer):
+    trajectory = _two_turns(tokenizer, _as_rendered(tokenizer))
+    (sequence,) = build_sequences(trajectory, advantage=0.5)
+    ids = torch.tensor(sequence.token_ids)
+    mask = torch.tensor(sequence.sampled_mask, dtype=torch.bool)
+    trained = tokenizer.decode(ids[mask])
+    context = tokenizer.decode(ids[~mask])
+    assert trained == ('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n'
+                       "</tool_call><|im_end|>1 + 2 = 3<|im_end|>")  # fmt: skip
+    # the tool result and the turn headers are context, never trained
+    assert "<tool_response>\n3\n</tool_response>" in context
+    assert context.endswith("<|im_start|>assistant\n")
+    assert sequence.token_ids[: len(_render(tokenizer, USER))] == _render(tokenizer, USER)
+    assert [lp for lp, m in zip(sequence.old_logprobs, sequence.sampled_mask, strict=True)
+            if m] == [-0.5] * sequence.sampled_tokens  # fmt: skip
+    assert sequence.advantage == 0.5
+
+
+def test_a_reply_the_template_renders_differently_starts_a_new_sequence(tokenizer):
+    # The model spaced its JSON its own way; the next prompt holds the template's version.
+    text = '<tool_call>\n{"name":"add","arguments":{"a":1,"b":2}}\n</tool_call>'
+    odd = [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]
+    trajectory = _two_turns(tokenizer, odd)
+    first, second = build_sequences(trajectory, advantage=1.0)
+    assert first.token_ids[-len(odd) :] == odd and first.sampled_tokens == len(odd)
+    assert second.token_ids[: len(_render(tokenizer, AFTER_CALL))] == _render(
+        tokenizer, AFTER_CALL
+    )
+    # every sampled token is trained exactly once
+    total = sum(len(c.token_ids) for c in trajectory.choices)
+    assert first.sampled_tokens + second.sampled_tokens == total
+
+
+def test_a_trajectory_without_sampled_tokens_is_refused_with_the_fix():
+    with pytest.raises(TrainingDataError, match=r"no sampled choice.*model\.rollout\(\)"):
+        build_sequences(Trajectory(id="t-empty"), advantage=1.0)
+
+
+def test_packing_keeps_every_sequence_and_restarts_positions(tokenizer):
+    trajectory = _two_turns(tokenizer, _as_rendered(tokenizer))
+    sequences = build_sequences(trajectory, 1.0) * 3
+    length = len(sequences[0].token_ids)
+    rows = pack_sequences(sequences, max_tokens=2 * length)
+    assert [r.sequence_lengths for r in rows] == [(length, length), (length,)]
+    assert rows[0].position_ids_T.tolist() == list(range(length)) * 2
+    assert sum(int(r.sampled_mask_T.sum()) for r in rows) == 3 * sequences[0].sampled_tokens
+
+
+def test_packed_logprobs_equal_unpacked(model_path):
+    """Sequences packed in one row must not see each other (position ids reset)."""
+    from transformers import AutoModelForCausalLM
+
+    from rlcoach.trainer.lora import chunked_token_logprobs
+    from rlcoach.trainer.sequences import TrainSequence
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    a = TrainSequence(list(range(100, 140)), [1] * 40, [0.0] * 40, 1.0, "a")
+    b = TrainSequence(list(range(300, 325)), [1] * 25, [0.0] * 25, 1.0, "b")
+    (row,) = pack_sequences([a, b], max_tokens=100)
+    with torch.no_grad():
+        packed = chunked_token_logprobs(model, row.input_ids_T[None], row.position_ids_T[None], 16)
+        alone = [chunked_token_logprobs(model, torch.tensor([s.token_ids]),
+                                        torch.arange(len(s.token_ids))[None], 16)
+                 for s in (a, b)]  # fmt: skip
+    # packed[i] predicts token i+1; the boundary position (a's last -> b's first) is unused
+    torch.testing.assert_close(packed[:39], alone[0], atol=1e-4, rtol=0)
+    torch.testing.assert_close(packed[40:], alone[1], atol=1e-4, rtol=0)
