@@ -33,7 +33,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 bench: $(STAMP)
-	$(BIN)/python bench/run_all.py
+	$(BIN)/python bench/core_loop.py
 
 clean:
 	rm -rf $(VENV) .rlcoach .pytest_cache build dist *.egg-info

@@ -92,6 +92,7 @@ def _plot(path: Path, rewards: list[float], successes: list[float], before: floa
     axes.legend(fontsize=7, loc="upper left")
     axes.set_title("rlcoach demo: GRPO on SmolLM2-135M, add tool")
     figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
     figure.savefig(temp, format="png", dpi=120)
     plt.close(figure)
@@ -144,10 +145,14 @@ async def run_demo(config: DemoConfig) -> DemoResult:
             successes.append(success)
             failures = sum(len(g.failures) for g in groups)
             s = result.stats
-            _log(f"step {batch.step + 1:>3}  reward {reward:.3f}  success {success:.3f}  "
-                 f"failed {failures}  loss {s.loss:+.4f}  tokens {s.sampled_tokens}/"
-                 f"{s.total_tokens}  rollouts {rollout_seconds:.1f}s  train {s.seconds:.1f}s  "
-                 f"publish {result.publish_seconds * 1000:.0f}ms  "
+            head = (f"step {batch.step + 1:>3}  reward {reward:.3f}  success {success:.3f}  "
+                    f"failed {failures}  rollouts {rollout_seconds:.1f}s  ")  # fmt: skip
+            if not s.trained:
+                _log(head + "skipped: every group had equal rewards (nothing to learn); "
+                     f"still serving {model.served_name}")  # fmt: skip
+                continue
+            _log(head + f"loss {s.loss:+.4f}  tokens {s.sampled_tokens}/{s.total_tokens}  "
+                 f"train {s.seconds:.1f}s  publish {result.publish_seconds * 1000:.0f}ms  "
                  f"serving {model.served_name}")  # fmt: skip
         after = await evaluate(model, client, held_out, config.eval_samples,
                                progress=config.progress)  # fmt: skip

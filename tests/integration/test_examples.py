@@ -1,0 +1,20 @@
+"""Every example runs, with a tiny step budget (the transformers engine: no second vLLM)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in EXAMPLES.glob("*.py")))
+def test_example_runs(script, tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), "--steps", "1", "--engine", "transformers",
+         "--root", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "step 1:" in done.stdout
