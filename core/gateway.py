@@ -109,7 +109,6 @@ class Gateway:
         self.recorder = Recorder()
         self.host = host
         self.port = port
-        self.requests_served = 0
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
@@ -151,7 +150,6 @@ class Gateway:
         finally:
             await self.router.release(engine_name)
         response["model"] = served
-        self.requests_served += 1
         rollout_id = request.headers.get(ROLLOUT_HEADER)
         if rollout_id:
             self.recorder.add(rollout_id, body, response)

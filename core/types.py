@@ -12,7 +12,6 @@ within a group. All of these are pydantic wire types: they cross HTTP and go to 
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 from collections.abc import Iterable
@@ -200,8 +199,3 @@ def load_groups(path: str | os.PathLike[str]) -> list[TrajectoryGroup]:
             except ValueError as e:
                 raise ValueError(f"{path}:{number} is not a trajectory group: {e}") from e
     return groups
-
-
-def dumps_message(message: Message) -> str:
-    """A stable text form of a message, for comparing conversations."""
-    return json.dumps(message, sort_keys=True, ensure_ascii=False)
