@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from rlcoach.backend import LocalBackend
 from rlcoach.dataset import iterate_dataset
-from rlcoach.demo.task import Question, make_questions, run_question
+from rlcoach.demo.task import Question, run_question, split_questions
 from rlcoach.gather import gather_trajectory_groups
 from rlcoach.model import TrainableModel
 from rlcoach.paths import append_jsonl
@@ -109,9 +109,7 @@ async def run_demo(config: DemoConfig) -> DemoResult:
     name = config.resume or f"calculator-{time.strftime('%Y%m%d-%H%M%S')}"
     model = TrainableModel(name, PROJECT, config={"learning_rate": config.learning_rate,
                                                   "seed": config.seed})  # fmt: skip
-    held_out = make_questions(config.eval_questions, seed=10_000 + config.seed)
-    excluded = {(q.a, q.b) for q in held_out}
-    training = [q for q in make_questions(500, seed=config.seed) if (q.a, q.b) not in excluded]
+    held_out, training = split_questions(config.eval_questions, 500, config.seed)
     backend = LocalBackend(config.root, engine={"kind": config.engine})
     _log(f"starting the {config.engine} engine with the bundled model (first run converts it)")
     async with backend:

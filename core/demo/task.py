@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from rlcoach.model import TrainableModel
     from rlcoach.types import Trajectory
 
-__all__ = ["ADD_TOOL", "Question", "make_questions", "run_question", "score"]
+__all__ = ["ADD_TOOL", "Question", "make_questions", "run_question", "score", "split_questions"]
 
 SYSTEM = (
     "You are a calculator assistant. Always use the add tool to add numbers, "
@@ -84,6 +84,15 @@ def make_questions(n: int, seed: int) -> list[Question]:
     while len(seen) < n:
         seen.add((rng.randint(100, 999), rng.randint(100, 999)))
     return [Question(a, b) for a, b in sorted(seen, key=lambda p: rng.random())]
+
+
+def split_questions(
+    held_out: int, training: int, seed: int
+) -> tuple[list[Question], list[Question]]:
+    """(held-out, training) questions; no held-out question appears in training."""
+    evaluation = make_questions(held_out, seed=10_000 + seed)
+    excluded = {(q.a, q.b) for q in evaluation}
+    return evaluation, [q for q in make_questions(training, seed) if (q.a, q.b) not in excluded]
 
 
 def _call_arguments(tool_call: Any) -> dict[str, Any] | None:

@@ -13,7 +13,7 @@ import pytest
 
 from rlcoach import TrainableModel, gather_trajectory_groups, iterate_dataset
 from rlcoach.demo.run import evaluate
-from rlcoach.demo.task import make_questions, run_question
+from rlcoach.demo.task import run_question, split_questions
 
 pytestmark = pytest.mark.vllm
 
@@ -24,9 +24,7 @@ async def test_grpo_raises_held_out_success(vllm_backend):
     model = TrainableModel("learner", "e2e", config={"learning_rate": 1e-3, "seed": 0})
     await model.register(vllm_backend)
     client = model.openai_client()
-    held_out = make_questions(24, seed=10_000)
-    excluded = {(q.a, q.b) for q in held_out}
-    training = [q for q in make_questions(200, seed=0) if (q.a, q.b) not in excluded]
+    held_out, training = split_questions(24, 200, seed=0)
     before = await evaluate(model, client, held_out, samples=2, progress=False)
     rewards = []
     for batch in iterate_dataset(training, batch_size=2, seed=0):
