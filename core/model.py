@@ -79,12 +79,21 @@ class Model:
             )
         return key
 
-    def openai_client(self, **kwargs: Any) -> AsyncOpenAI:
-        """An `AsyncOpenAI` for this model; calls inside a rollout scope are recorded."""
+    @property
+    def api_base(self) -> str:
+        """The OpenAI-compatible base URL (`.../v1`) requests go to."""
+        return self._endpoint()
+
+    def openai_client(self, *, record: bool = True, **kwargs: Any) -> AsyncOpenAI:
+        """An `AsyncOpenAI` for this model; calls inside a rollout scope are recorded.
+
+        `record=False` gives a client whose calls are never recorded, for callers such as
+        a judge that must not land in the trajectory they are scoring.
+        """
         from openai import AsyncOpenAI
 
         http_client = httpx.AsyncClient(
-            event_hooks={"request": [_tag_rollout]},
+            event_hooks={"request": [_tag_rollout] if record else []},
             timeout=httpx.Timeout(self.timeout_s),
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
         )

@@ -16,7 +16,7 @@ from typing import Any
 
 from rlcoach.types import History, Message, choice_from_response_json
 
-__all__ = ["assemble_histories"]
+__all__ = ["assemble_histories", "message_key"]
 
 
 def _text(content: Any) -> str:
@@ -38,7 +38,8 @@ def _arguments(raw: Any) -> Any:
     return raw
 
 
-def _key(message: Message) -> str:
+def message_key(message: Message) -> str:
+    """A canonical form of a message: equal for messages a client would consider the same."""
     calls = []
     for call in message.get("tool_calls") or []:
         function = call.get("function", call)
@@ -58,7 +59,7 @@ def assemble_histories(
     for request, response in exchanges:
         messages = list(request.get("messages") or [])
         tools = request.get("tools") or None
-        keys = [_key(m) for m in messages]
+        keys = [message_key(m) for m in messages]
         for index, choice_json in enumerate(response.get("choices") or []):
             choice = choice_from_response_json(choice_json, response)
             target = None
@@ -74,7 +75,7 @@ def assemble_histories(
             seen, history = target
             history.messages = [*messages, choice.message]
             history.choices.append(choice)
-            seen[:] = [*keys, _key(choice.message)]
+            seen[:] = [*keys, message_key(choice.message)]
     if not histories:
         return History(), []
     ordered = [h for _, h in histories]

@@ -26,12 +26,29 @@ if TYPE_CHECKING:
     from rlcoach.model import TrainableModel
     from rlcoach.types import Trajectory
 
-__all__ = ["ADD_TOOL", "Question", "make_questions", "run_question", "score", "split_questions"]
+__all__ = [
+    "ADD_TOOL",
+    "RUBRIC",
+    "Question",
+    "make_questions",
+    "run_question",
+    "score",
+    "split_questions",
+]
 
 SYSTEM = (
     "You are a calculator assistant. Always use the add tool to add numbers, "
     "then state the result."
 )
+
+RUBRIC = """\
+The user asks for the sum of two numbers and the assistant has an `add` tool.
+- Best: the assistant calls `add` with exactly the two numbers of the question, then \
+states the sum the tool returned.
+- Worse: it calls `add` correctly but its final answer does not state that sum.
+- Worse still: it calls `add` with other numbers, or its tool call is malformed.
+- Worst: it answers without calling the tool."""
+"""A rubric for judging the task without its reward function (RULER's examples)."""
 
 ADD_TOOL: dict[str, Any] = {
     "type": "function",

@@ -124,6 +124,7 @@ class TransformersEngine:
                 "max_tokens",
             )
         n = int(body.get("n") or 1)
+        top_logprobs = int(body.get("top_logprobs") or 0)
         temperature = body.get("temperature")
         temperature = 1.0 if temperature is None else float(temperature)
         top_p = float(body.get("top_p") or 1.0)
@@ -183,17 +184,11 @@ class TransformersEngine:
                     "message": message,
                     "finish_reason": finish,
                     "token_ids": ids,
-                    "logprobs": {
-                        "content": [
-                            {
-                                "token": self._tokenizer.convert_ids_to_tokens(t),
-                                "logprob": lp,
-                                "bytes": None,
-                                "top_logprobs": [],
-                            }
-                            for t, lp in zip(ids, logprobs, strict=True)
-                        ]
-                    },
+                    "logprobs": {"content": [
+                        {"token": self._tokenizer.decode([t]), "logprob": lp, "bytes": None,
+                         "top_logprobs": self._top(logprobs_S_N_V[s, index], top_logprobs)}
+                        for s, (t, lp) in enumerate(zip(ids, logprobs, strict=True))
+                    ]},
                 }
             )
         return {
@@ -209,6 +204,16 @@ class TransformersEngine:
                 "total_tokens": len(prompt_ids) + completion_tokens,
             },
         }
+
+    def _top(self, logprobs_V: Any, k: int) -> list[dict[str, Any]]:
+        """The `k` most likely tokens at one position, shaped like OpenAI's `top_logprobs`."""
+        import torch
+
+        if k <= 0:
+            return []
+        values, indices = torch.topk(logprobs_V, k)
+        return [{"token": self._tokenizer.decode([int(i)]), "logprob": float(v), "bytes": None}
+                for v, i in zip(values.tolist(), indices.tolist(), strict=True)]  # fmt: skip
 
     async def close(self) -> None:
         self._model = None

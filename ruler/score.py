@@ -1,0 +1,204 @@
+"""RULER's entry points: score message lists, score a group, hook into gathering.
+
+    from rlcoach.ruler import after_each, score_group
+    groups = await gather_trajectory_groups(..., after_each=after_each(judge))
+
+`score` judges plain conversations and returns one `JudgeScore` per conversation, in
+input order. It renders the group once (identical attempts are judged once), then for
+each of `n_orderings` orderings shuffles the attempts — a fresh permutation per call,
+seeded by the group's content so a re-run asks the same questions and hits the cache —,
+asks the judge and maps each score back to its attempt. The final score is the mean
+over orderings; their spread is reported, since a judge whose scores move with the
+order is showing position bias.
+
+`score_group` returns a new group (the input is never mutated) whose rewards are the
+judge's scores: each trajectory keeps its previous reward in `metrics["original_reward"]`
+and gets the judge's explanation in its logs; the group's metadata carries the judge's
+usage (`ruler_calls`, `ruler_prompt_tokens`, ...). When the judge fails it records the
+failure and keeps the original rewards, drops the group, or raises, as configured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import random
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from rlcoach.config import parse_config
+from rlcoach.gather import AfterEach
+from rlcoach.model import Model
+from rlcoach.ruler.config import RulerConfig
+from rlcoach.ruler.judge import JudgeError, JudgeSession
+from rlcoach.ruler.render import Candidate, render_group
+from rlcoach.ruler.rubric import DEFAULT_RUBRIC
+from rlcoach.ruler.types import JudgeScore, JudgeUsage
+from rlcoach.types import Message, RolloutFailure, Tool, TrajectoryGroup
+
+__all__ = ["after_each", "judge_usage", "score", "score_candidates", "score_group"]
+
+logger = logging.getLogger(__name__)
+
+
+def _orderings(count: int, n: int, digest: str, seed: int) -> list[list[int]]:
+    orders = []
+    for number in range(n):
+        rng = random.Random(hashlib.sha256(f"{seed}:{number}:{digest}".encode()).digest())
+        order = list(range(count))
+        rng.shuffle(order)
+        orders.append(order)
+    return orders
+
+
+async def score_candidates(
+    candidates: Sequence[Candidate],
+    judge: Model,
+    *,
+    rubric: str = DEFAULT_RUBRIC,
+    config: RulerConfig | dict[str, Any] | None = None,
+    usage: JudgeUsage | None = None,
+) -> list[JudgeScore]:
+    """Judge `candidates` relative to each other (see the module docstring)."""
+    config = parse_config(RulerConfig, config)
+    if not candidates:
+        return []
+    rendered = render_group(candidates, config.message_chars)
+    unique = len(rendered.bodies)
+    session = JudgeSession(judge, config)
+    ask = session.json_scores if config.mode == "json" else session.digit_scores
+    try:
+        orders = _orderings(unique, config.n_orderings, rendered.digest, config.seed)
+        outcomes = await asyncio.gather(*(ask(rendered, order, rubric) for order in orders),
+                                        return_exceptions=True)  # fmt: skip
+    finally:
+        await session.close()
+        if usage is not None:
+            usage.add(session.usage)
+    per_body: list[list[float]] = [[] for _ in range(unique)]
+    notes = [""] * unique
+    errors = []
+    for order, outcome in zip(orders, outcomes, strict=True):
+        if isinstance(outcome, BaseException):
+            if not isinstance(outcome, JudgeError):
+                raise outcome
+            errors.append(outcome)
+            continue
+        scores, explanations = outcome
+        for body, value, explanation in zip(order, scores, explanations, strict=True):
+            per_body[body].append(value)
+            notes[body] = notes[body] or explanation
+    if errors and len(errors) == len(orders):
+        raise errors[0]
+    if errors:
+        logger.warning("%d of %d judge orderings failed; scoring with the rest: %s",
+                       len(errors), len(orders), errors[0])  # fmt: skip
+    results = []
+    for index, body in enumerate(rendered.index):
+        values = per_body[body]
+        results.append(JudgeScore(index=index, score=sum(values) / len(values),
+                                  explanation=notes[body], ordering_scores=values))  # fmt: skip
+    return results
+
+
+async def score(
+    message_lists: Sequence[Sequence[Message]],
+    judge: Model,
+    *,
+    rubric: str = DEFAULT_RUBRIC,
+    tools: Sequence[Tool] | Sequence[Sequence[Tool] | None] | None = None,
+    config: RulerConfig | dict[str, Any] | None = None,
+    usage: JudgeUsage | None = None,
+) -> list[JudgeScore]:
+    """Score conversations (attempts at one task) from 0 to 1 relative to each other.
+
+    `tools` is one tool list offered to every conversation, or one list (or None) per
+    conversation. Raises `JudgeError` when the judge gives no usable answer.
+    """
+    if tools is None or all(isinstance(t, dict) for t in tools):
+        per_conversation: list[Any] = [tools] * len(message_lists)
+    else:
+        per_conversation = list(tools)
+        if len(per_conversation) != len(message_lists):
+            raise ValueError(
+                f"tools has {len(per_conversation)} lists for {len(message_lists)} "
+                "conversations; pass one tool list for all, or one per conversation"
+            )
+    pairs = zip(message_lists, per_conversation, strict=True)
+    candidates = [Candidate(list(messages), offered) for messages, offered in pairs]
+    return await score_candidates(candidates, judge, rubric=rubric, config=config, usage=usage)
+
+
+async def score_group(
+    group: TrajectoryGroup,
+    judge: Model,
+    *,
+    rubric: str = DEFAULT_RUBRIC,
+    config: RulerConfig | dict[str, Any] | None = None,
+) -> TrajectoryGroup:
+    """A copy of `group` whose rewards are the judge's scores (see the module docstring)."""
+    config = parse_config(RulerConfig, config)
+    scored = group.model_copy(deep=True)
+    if len(scored.trajectories) < 2:
+        scored.metadata["ruler_skipped"] = "fewer than 2 trajectories to compare"
+        return scored
+    usage = JudgeUsage()
+    candidates = [Candidate.from_trajectory(t) for t in scored.trajectories]
+    try:
+        results = await score_candidates(candidates, judge, rubric=rubric, config=config,
+                                         usage=usage)  # fmt: skip
+    except JudgeError as e:
+        scored.metadata.update(usage.as_metrics())
+        scored.metadata["ruler_failed"] = True
+        scored.metadata["ruler_error"] = str(e)
+        if config.on_failure == "raise":
+            raise
+        action = "keeping its rewards" if config.on_failure == "keep" else "dropping it"
+        logger.warning("RULER could not score a group (%s); %s", e, action)
+        if config.on_failure == "drop":
+            scored.failures += [RolloutFailure(type="JudgeError", message=str(e))
+                                for _ in scored.trajectories]  # fmt: skip
+            scored.trajectories = []
+        else:
+            for trajectory in scored.trajectories:
+                trajectory.logs.append(f"RULER failed, reward kept: {e}")
+        return scored
+    for trajectory, result in zip(scored.trajectories, results, strict=True):
+        trajectory.metrics["original_reward"] = trajectory.reward
+        trajectory.metrics["ruler_score"] = result.score
+        trajectory.metrics["ruler_order_spread"] = result.spread
+        trajectory.reward = result.score
+        trajectory.logs.append(f"RULER {result.score:.3f}: {result.explanation}")
+    scored.metadata.update(usage.as_metrics())
+    scored.metadata["ruler_failed"] = False
+    return scored
+
+
+def after_each(
+    judge: Model,
+    *,
+    rubric: str = DEFAULT_RUBRIC,
+    config: RulerConfig | dict[str, Any] | None = None,
+) -> AfterEach:
+    """A `gather_trajectory_groups(after_each=...)` hook that scores each finished group."""
+    config = parse_config(RulerConfig, config)
+
+    async def hook(group: TrajectoryGroup) -> TrajectoryGroup:
+        return await score_group(group, judge, rubric=rubric, config=config)
+
+    return hook
+
+
+def judge_usage(groups: Iterable[TrajectoryGroup]) -> dict[str, float]:
+    """The judge's usage summed over `groups` (one step's metrics), from their metadata."""
+    total: dict[str, float] = {}
+    failed = 0
+    for group in groups:
+        for key, value in group.metadata.items():
+            if key.startswith("ruler_") and isinstance(value, int | float) and \
+                    not isinstance(value, bool):  # fmt: skip
+                total[key] = total.get(key, 0.0) + float(value)
+        failed += bool(group.metadata.get("ruler_failed"))
+    total["ruler_failed_groups"] = float(failed)
+    return total
