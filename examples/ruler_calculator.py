@@ -9,17 +9,32 @@ mode for judges too small to write reliable JSON) — that compares the attempts
 the task's rubric. The task's verifiable check (`metrics["success"]`) only measures
 held-out success before and after training; it never reaches the trainer. Swap the judge
 for a stronger one with `--judge-url https://host/v1 --judge-model NAME --judge-key-env
-VAR --mode json`.
+VAR --mode json`. `--random-rewards` runs the same loop with uniform random rewards,
+the control that tells learning from the judge apart from what GRPO does with noise.
 """
 
 import argparse
 import asyncio
+import random
 
 from rlcoach import BUNDLED_MODEL, LocalBackend, Model, TrainableModel, gather_trajectory_groups
 from rlcoach.dataset import iterate_dataset
 from rlcoach.demo.run import evaluate
 from rlcoach.demo.task import RUBRIC, run_question, split_questions
 from rlcoach.ruler import after_each, judge_usage
+
+
+def random_rewards(seed: int):
+    """The control: uniform random rewards in place of the judge's, same loop otherwise."""
+    rng = random.Random(seed)
+
+    async def hook(group):
+        scored = group.model_copy(deep=True)
+        for trajectory in scored.trajectories:
+            trajectory.reward = rng.random()
+        return scored
+
+    return hook
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -34,6 +49,8 @@ async def main(args: argparse.Namespace) -> None:
         else:  # the base weights (no adapter), so the judge does not drift with the policy
             judge = Model(BUNDLED_MODEL, base_url=model.api_base)
         hook = after_each(judge, rubric=RUBRIC, config={"mode": args.mode, "cache_dir": None})
+        if args.random_rewards:
+            hook = random_rewards(args.seed)
         before = await evaluate(model, client, held_out, samples=2)
         print(f"held-out success before training: {before:.3f}")
         for batch in iterate_dataset(training, batch_size=args.questions, seed=0,
@@ -72,4 +89,7 @@ if __name__ == "__main__":
     parser.add_argument("--judge-url", default=None)
     parser.add_argument("--judge-model", default=BUNDLED_MODEL)
     parser.add_argument("--judge-key-env", default=None)
+    parser.add_argument("--random-rewards", action="store_true",
+                        help="control run: uniform random rewards instead of the judge's")
+    parser.add_argument("--seed", type=int, default=0)
     asyncio.run(main(parser.parse_args()))

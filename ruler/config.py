@@ -32,7 +32,7 @@ def default_cache_dir() -> Path:
 
 
 class RulerConfig(BaseModel):
-    """How RULER asks the judge. Defaults work with the bundled model in `probs` mode."""
+    """How RULER asks the judge: `json` (the default) for capable judges, `probs` for small."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
-import re
 from typing import Any
 
+from rlcoach.answers import json_object
 from rlcoach.errors import RLCoachError
 from rlcoach.model import Model
 from rlcoach.ruler.cache import JudgeCache
@@ -111,17 +110,10 @@ def json_instruction(count: int, explanation_max_chars: int) -> str:
 
 
 def _json_object(content: str) -> Any:
-    text = content.strip()
-    fenced = re.search(r"```(?:json)?\s*(.*?)```", text, re.DOTALL)
-    if fenced:
-        text = fenced.group(1).strip()
-    start, end = text.find("{"), text.rfind("}")
-    if start == -1 or end < start:
-        raise AnswerError(f"the answer contains no JSON object (it began {content[:80]!r})")
     try:
-        return json.loads(text[start : end + 1])
-    except json.JSONDecodeError as e:
-        raise AnswerError(f"the answer is not valid JSON ({e.msg} at character {e.pos})") from e
+        return json_object(content)
+    except ValueError as e:
+        raise AnswerError(str(e)) from e
 
 
 def parse_json_answer(content: str, count: int) -> dict[str, tuple[float, str]]:
@@ -190,12 +182,6 @@ class JudgeSession:
     async def close(self) -> None:
         await self._client.close()
 
-    def _price(self, prompt_tokens: int, completion_tokens: int) -> None:
-        price = self.config.price_per_million_tokens
-        if price is not None:
-            cost = (prompt_tokens * price[0] + completion_tokens * price[1]) / 1e6
-            self.usage.cost_usd = (self.usage.cost_usd or 0.0) + cost
-
     async def complete(self, request: dict[str, Any]) -> dict[str, Any]:
         """One chat completion as JSON, from the cache when this exact request was made."""
         key = JudgeCache.key(self.url, request) if self.cache is not None else ""
@@ -211,12 +197,7 @@ class JudgeSession:
                     timeout=self.config.timeout_s,
                 )  # fmt: skip
         data = response.model_dump(exclude_none=True)
-        usage = data.get("usage") or {}
-        prompt_tokens = int(usage.get("prompt_tokens") or 0)
-        completion_tokens = int(usage.get("completion_tokens") or 0)
-        self.usage.prompt_tokens += prompt_tokens
-        self.usage.completion_tokens += completion_tokens
-        self._price(prompt_tokens, completion_tokens)
+        self.usage.count_response(data.get("usage"), self.config.price_per_million_tokens)
         if self.cache is not None:
             self.cache.put(key, data)
         return data

@@ -149,7 +149,7 @@ async def score_group(
         results = await score_candidates(candidates, judge, rubric=rubric, config=config,
                                          usage=usage)  # fmt: skip
     except JudgeError as e:
-        scored.metadata.update(usage.as_metrics())
+        scored.metadata.update(usage.as_metrics("ruler_"))
         scored.metadata["ruler_failed"] = True
         scored.metadata["ruler_error"] = str(e)
         if config.on_failure == "raise":
@@ -170,7 +170,7 @@ async def score_group(
         trajectory.metrics["ruler_order_spread"] = result.spread
         trajectory.reward = result.score
         trajectory.logs.append(f"RULER {result.score:.3f}: {result.explanation}")
-    scored.metadata.update(usage.as_metrics())
+    scored.metadata.update(usage.as_metrics("ruler_"))
     scored.metadata["ruler_failed"] = False
     return scored
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rlcoach.usage import ModelUsage
+
 __all__ = ["JudgeScore", "JudgeUsage"]
 
 
@@ -30,31 +32,5 @@ class JudgeScore(BaseModel):
         return max(self.ordering_scores) - min(self.ordering_scores)
 
 
-class JudgeUsage(BaseModel):
-    """Judge calls and tokens, summed over whatever was scored with it."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    calls: int = 0
-    """Requests sent to the judge (retries included, cache hits excluded)."""
-    cached_calls: int = 0
-    """Answers served from the on-disk cache at no cost."""
-    retries: int = 0
-    """Attempts after a wrong count, an unusable answer or a failed request."""
-    failed_calls: int = 0
-    """Judge calls that gave no usable answer after every retry."""
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost_usd: float | None = None
-    """Known only when `RulerConfig.price_per_million_tokens` is set."""
-
-    def add(self, other: JudgeUsage) -> None:
-        for name in ("calls", "cached_calls", "retries", "failed_calls", "prompt_tokens",
-                     "completion_tokens"):  # fmt: skip
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        if other.cost_usd is not None:
-            self.cost_usd = (self.cost_usd or 0.0) + other.cost_usd
-
-    def as_metrics(self, prefix: str = "ruler_") -> dict[str, float]:
-        metrics = {f"{prefix}{k}": float(v) for k, v in self.model_dump().items() if v is not None}
-        return metrics
+JudgeUsage = ModelUsage
+"""What judging cost: calls, cache hits, retries, failed calls, tokens, USD."""

@@ -1,8 +1,15 @@
-"""Shared fixtures: the bundled model is converted once per test session (cached)."""
+"""Shared fixtures: the bundled model is converted once per test session (cached), and
+a scripted chat-completions server for tests that need a chosen wrong answer."""
 
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
+from rlcoach import Model
 
 
 @pytest.fixture(scope="session")
@@ -37,3 +44,57 @@ async def policy(vllm_backend):
     model = TrainableModel("calc", "integration", config={"learning_rate": 1e-3})
     await model.register(vllm_backend)
     return model
+
+
+class ScriptedServer:
+    """A chat-completions server whose answers come from `self.answer(request)`."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict] = []
+        self.answer = lambda request: "{}"
+        self.delay_s = 0.0
+        judge = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                judge.requests.append(body)
+                time.sleep(judge.delay_s)
+                payload = json.dumps(judge.reply(body)).encode()
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (the timeout test)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.model = Model("scripted", base_url=f"http://127.0.0.1:{self.server.server_port}/v1",
+                           max_retries=0)  # fmt: skip
+
+    def reply(self, body: dict) -> dict:
+        answer = self.answer(body)
+        choice = {"index": 0, "finish_reason": "stop",
+                  "message": {"role": "assistant", "content": answer if isinstance(answer, str)
+                              else ""}}  # fmt: skip
+        if isinstance(answer, dict):  # probs mode: {"token": logprob, ...} for the first token
+            top = [{"token": t, "logprob": lp, "bytes": None} for t, lp in answer.items()]
+            choice["logprobs"] = {"content": [{**top[0], "top_logprobs": top}]}
+            choice["message"]["content"] = top[0]["token"]
+        return {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                "choices": [choice],
+                "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}}
+
+
+@pytest.fixture
+def scripted():
+    """A chat-completions server on 127.0.0.1 answering from `server.answer(request)`."""
+    server = ScriptedServer()
+    yield server
+    server.server.shutdown()

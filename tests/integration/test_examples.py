@@ -8,7 +8,13 @@ import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # Shrink what an example does beyond its steps, so each runs in about a minute.
-SMALL = {"ruler_calculator.py": ["--eval-questions", "1", "--questions", "1", "--group-size", "2"]}
+# The AutoRL example needs constrained JSON decoding from its generator: vLLM, not
+# transformers.
+SMALL = {
+    "ruler_calculator.py": ["--eval-questions", "1", "--questions", "1", "--group-size", "2"],
+    "autorl_task.py": ["--engine", "vllm", "--inputs", "6", "--inputs-per-step", "1",
+                       "--group-size", "2", "--max-tokens", "16"],
+}
 
 
 @pytest.mark.parametrize("script", sorted(p.name for p in EXAMPLES.glob("*.py")))

@@ -1,21 +1,19 @@
 """RULER without a model: rendering, orderings, cache, retries, failures, usage.
 
-The judge here is scripted: a real HTTP server on 127.0.0.1 that answers chat
-completions from a Python function (the one seam faked, because a judge that writes a
-chosen wrong answer on demand cannot be a real model). Everything on our side — the
-OpenAI client, timeouts, the cache, parsing, retries — runs for real.
+The judge here is scripted (`scripted` in conftest.py): a real HTTP server on 127.0.0.1
+that answers chat completions from a Python function (the one seam faked, because a
+judge that writes a chosen wrong answer on demand cannot be a real model). Everything on
+our side — the OpenAI client, timeouts, the cache, parsing, retries — runs for real.
 """
 
 import json
 import math
 import re
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from rlcoach import ConfigError, Model, Trajectory, TrajectoryGroup, gather_trajectory_groups
+from rlcoach import ConfigError, Trajectory, TrajectoryGroup, gather_trajectory_groups
 from rlcoach.config import parse_config
 from rlcoach.ruler import (
     Candidate,
@@ -42,54 +40,9 @@ def attempt(answer: str) -> list[dict]:
     return [*TASK, {"role": "assistant", "content": f"answer {answer}"}]
 
 
-class ScriptedJudge:
-    """A chat-completions server whose answers come from `self.answer(request)`."""
-
-    def __init__(self) -> None:
-        self.requests: list[dict] = []
-        self.answer = lambda request: "{}"
-        self.delay_s = 0.0
-        judge = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                judge.requests.append(body)
-                time.sleep(judge.delay_s)
-                payload = json.dumps(judge.reply(body)).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.model = Model("scripted-judge", base_url=f"http://127.0.0.1:{self.server.server_port}/v1",
-                           max_retries=0)  # fmt: skip
-
-    def reply(self, body: dict) -> dict:
-        answer = self.answer(body)
-        choice = {"index": 0, "finish_reason": "stop",
-                  "message": {"role": "assistant", "content": answer if isinstance(answer, str)
-                              else ""}}  # fmt: skip
-        if isinstance(answer, dict):  # probs mode: {"token": logprob, ...} for the first token
-            top = [{"token": t, "logprob": lp, "bytes": None} for t, lp in answer.items()]
-            choice["logprobs"] = {"content": [{**top[0], "top_logprobs": top}]}
-            choice["message"]["content"] = top[0]["token"]
-        return {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                "choices": [choice],
-                "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}}
-
-
 @pytest.fixture
-def judge():
-    scripted = ScriptedJudge()
-    yield scripted
-    scripted.server.shutdown()
+def judge(scripted):
+    return scripted
 
 
 def blocks(request: dict) -> dict[str, str]:

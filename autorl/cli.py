@@ -1,0 +1,107 @@
+"""`rlcoach autorl generate "<task description>" --n 200 --out data/`.
+
+Generates inputs (exact, near-duplicate and embedding-similar ones removed), a system
+prompt, and a deterministic train/eval split, written as `train.jsonl`, `eval.jsonl`
+and `dataset.json` (the task, the system prompt, the generator, its usage, the counts).
+With no `--generator-url` the bundled 135M model generates, served by a local vLLM
+server started for the purpose: every guarantee holds, but its inputs are weak — pass a
+stronger OpenAI-compatible model for real datasets. The core CLI finds this command
+through the `rlcoach.cli` entry point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from rlcoach.bundled import BUNDLED_MODEL
+
+app = typer.Typer(help="Generate training inputs from a task description (AutoRL).",
+                  no_args_is_help=True)  # fmt: skip
+
+logger = logging.getLogger(__name__)
+
+
+async def _run(task: str, n: int, out: Path, eval_fraction: float, seed: int,
+               generator_url: str | None, generator_model: str, api_key_env: str | None,
+               batch_size: int, system_prompt: bool,
+               embeddings: bool) -> dict[str, Any]:  # fmt: skip
+    from rlcoach.autorl.embeddings import minilm_embedder
+    from rlcoach.autorl.generate import GenerationError, generate_inputs
+    from rlcoach.autorl.prompt import generate_system_prompt
+    from rlcoach.autorl.split import save_dataset, split_records
+    from rlcoach.backend import LocalBackend
+    from rlcoach.model import Model, TrainableModel
+    from rlcoach.usage import ModelUsage
+
+    usage = ModelUsage()
+    embed = minilm_embedder() if embeddings else None
+    async with contextlib.AsyncExitStack() as stack:
+        if generator_url is None:
+            typer.echo("no --generator-url: generating with the bundled 135M model on a local "
+                       "vLLM server (weak inputs; use a stronger model for real datasets)",
+                       err=True)  # fmt: skip
+            root = stack.enter_context(tempfile.TemporaryDirectory(prefix="rlcoach-autorl-"))
+            backend = await stack.enter_async_context(LocalBackend(root))
+            await TrainableModel("autorl-generator", "autorl").register(backend)
+            generator = Model(BUNDLED_MODEL, base_url=backend.url + "/v1")
+        else:
+            generator = Model(generator_model, base_url=generator_url, api_key_env=api_key_env)
+        try:
+            records = await generate_inputs(task, n, generator, usage=usage, embed=embed,
+                                            config={"batch_size": batch_size, "seed": seed})
+        except GenerationError as e:
+            typer.echo(f"warning: {e}; saving the {len(e.records)} generated", err=True)
+            records = e.records
+        prompt = None
+        if system_prompt:
+            try:
+                prompt = await generate_system_prompt(task, generator, examples=records,
+                                                      usage=usage)  # fmt: skip
+            except GenerationError as e:
+                typer.echo(f"warning: {e}; the dataset has no system prompt", err=True)
+    train, evaluation = split_records(records, eval_fraction, seed)
+    manifest = {"task": task, "system_prompt": prompt, "requested": n, "seed": seed,
+                "eval_fraction": eval_fraction, "generator": generator.name,
+                "generator_url": generator_url, "embeddings": embed is not None,
+                "usage": usage.model_dump(),
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S")}  # fmt: skip
+    save_dataset(out, train, evaluation, manifest)
+    return {"train": len(train), "eval": len(evaluation), "usage": usage}
+
+
+@app.command()
+def generate(
+    task: Annotated[str, typer.Argument(help="What the agent is for, in a sentence or two.")],
+    n: Annotated[int, typer.Option(min=1, help="Inputs to generate.")] = 200,
+    out: Annotated[Path, typer.Option(help="Folder for train/eval JSONL.")] = Path("data"),
+    eval_fraction: Annotated[float, typer.Option(min=0.0, max=0.95)] = 0.2,
+    seed: int = 0,
+    generator_url: Annotated[str | None, typer.Option(help="OpenAI-compatible base URL.")] = None,
+    generator_model: str = BUNDLED_MODEL,
+    api_key_env: Annotated[str | None, typer.Option(help="Env var holding the key.")] = None,
+    batch_size: Annotated[int, typer.Option(min=1, max=50)] = 8,
+    system_prompt: Annotated[bool, typer.Option(help="Also write a system prompt.")] = True,
+    embeddings: Annotated[bool, typer.Option(help="Embedding near-duplicates.")] = True,
+) -> None:
+    """Generate a train/eval dataset of inputs for the task."""
+    from rlcoach.errors import RLCoachError
+
+    try:
+        result = asyncio.run(_run(task, n, out, eval_fraction, seed, generator_url,
+                                  generator_model, api_key_env, batch_size, system_prompt,
+                                  embeddings))  # fmt: skip
+    except RLCoachError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
+    usage = result["usage"]
+    typer.echo(f"wrote {result['train']} train and {result['eval']} eval inputs to {out}/ "
+               f"(generator: {usage.calls} calls, {usage.prompt_tokens}+"
+               f"{usage.completion_tokens} tokens)")  # fmt: skip
