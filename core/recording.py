@@ -16,16 +16,18 @@ from typing import Any
 
 from rlcoach.types import History, Message, choice_from_response_json
 
-__all__ = ["assemble_histories", "message_key"]
+__all__ = ["assemble_histories", "content_text", "message_key"]
 
 
-def _text(content: Any) -> str:
+def content_text(content: Any) -> str:
+    """A message's text: content parts joined, `[<type>]` for parts that are not text."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+        return "".join((part.get("text") or f"[{part.get('type', 'part')}]")
+                       if isinstance(part, dict) else str(part) for part in content)  # fmt: skip
     return str(content)
 
 
@@ -45,7 +47,7 @@ def message_key(message: Message) -> str:
         function = call.get("function", call)
         calls.append([function.get("name"), _arguments(function.get("arguments"))])
     return json.dumps(
-        [message.get("role"), _text(message.get("content")).strip(), calls,
+        [message.get("role"), content_text(message.get("content")).strip(), calls,
          message.get("tool_call_id")],
         sort_keys=True,
     )  # fmt: skip

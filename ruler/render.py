@@ -17,9 +17,8 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from rlcoach.recording import message_key
+from rlcoach.recording import content_text, message_key
 from rlcoach.types import Message, Tool, Trajectory
 
 __all__ = ["Candidate", "RenderedGroup", "render_group", "render_message", "render_tools"]
@@ -57,22 +56,6 @@ class RenderedGroup:
         return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, dict):
-                parts.append(part.get("text") or f"[{part.get('type', 'part')}]")
-            else:
-                parts.append(str(part))
-        return "".join(parts)
-    return str(content)
-
-
 def _clip(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
@@ -82,7 +65,7 @@ def _clip(text: str, limit: int) -> str:
 def render_message(message: Message, limit: int = 4000) -> str:
     """One message as tagged lines: `[role] text`, `[assistant calls] name({...})`."""
     role = str(message.get("role", "unknown"))
-    text = _clip(_text(message.get("content")).strip(), limit)
+    text = _clip(content_text(message.get("content")).strip(), limit)
     if role == "tool":
         name = message.get("name")
         return f"[tool result{f' from {name}' if name else ''}] {text}"
