@@ -26,7 +26,7 @@ async def test_grpo_raises_held_out_success(vllm_backend):
     client = model.openai_client()
     held_out, training = split_questions(24, 200, seed=0)
     before = await evaluate(model, client, held_out, samples=2, progress=False)
-    rewards = []
+    rewards, trained = [], 0
     for batch in iterate_dataset(training, batch_size=2, seed=0):
         if batch.step == 4:
             break
@@ -35,8 +35,10 @@ async def test_grpo_raises_held_out_success(vllm_backend):
             progress=False,
         )
         rewards.append(sum(r for g in groups for r in g.rewards) / 16)
-        await model.train(groups)
+        result = await model.train(groups)
+        # A step whose groups all got equal rewards (e.g. all solved) is skipped, not trained.
+        trained += result.stats.trained
     after = await evaluate(model, client, held_out, samples=2, progress=False)
     print(f"held-out success {before:.3f} -> {after:.3f}; training rewards {rewards}")
-    assert model.served_name == "learner@4"
+    assert trained >= 2 and model.served_name == f"learner@{trained}"
     assert after - before >= MARGIN, (before, after, rewards)
