@@ -101,12 +101,17 @@ def _answer_items(content: str, key: str = "inputs", expect: type = list) -> Any
     return items
 
 
+def _function(tool: Tool | Any) -> dict[str, Any]:
+    """The name/description/schema part of an OpenAI tool schema, MCP dict or MCP `Tool`."""
+    data = tool.model_dump() if hasattr(tool, "model_dump") else dict(tool)
+    return data.get("function", data)
+
+
 def describe_tools(tools: Sequence[Tool | Any]) -> str:
     """One line per tool from OpenAI tool schemas, MCP tool dicts or MCP `Tool` objects."""
     lines = []
     for tool in tools:
-        data = tool.model_dump() if hasattr(tool, "model_dump") else dict(tool)
-        function = data.get("function", data)
+        function = _function(tool)
         schema = function.get("parameters") or function.get("inputSchema") or {}
         arguments = ", ".join(schema.get("properties") or {})
         description = " ".join(str(function.get("description") or "").split())
@@ -115,10 +120,7 @@ def describe_tools(tools: Sequence[Tool | Any]) -> str:
 
 
 def _tool_names(tools: Sequence[Tool | Any]) -> list[str]:
-    names = []
-    for tool in tools:
-        data = tool.model_dump() if hasattr(tool, "model_dump") else dict(tool)
-        names.append(str(data.get("function", data).get("name", "")))
+    names = [str(_function(tool).get("name", "")) for tool in tools]
     return [n for n in names if n]
 
 
