@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shlex
 import sys
@@ -136,8 +137,6 @@ def result_text(result: Any) -> ToolResult:
             parts.append(f"[{kind or type(block).__name__} content omitted]")
     structured = result.structured_content
     if structured is not None and not parts:
-        import json
-
         parts.append(json.dumps(structured, ensure_ascii=False))
     return ToolResult(text="\n".join(parts), is_error=bool(result.is_error), structured=structured)
 
