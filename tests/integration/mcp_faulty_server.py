@@ -1,5 +1,6 @@
 """A test MCP server with faults on purpose: a tool that hangs, one that fails, one that
-kills the server. Run as `python tests/integration/mcp_faulty_server.py`."""
+kills the server, and one that works (`echo`). Run as
+`python tests/integration/mcp_faulty_server.py`."""
 
 import os
 import sys
@@ -9,6 +10,12 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 server = MCPServer("faulty", log_level="WARNING")
+
+
+@server.tool()
+def echo(text: str) -> str:
+    """Returns its input."""
+    return text
 
 
 @server.tool()

@@ -1,0 +1,368 @@
+"""The MCP agent loop: the policy calls a server's tools until it gives a final answer.
+
+    tools = convert_tools(await server.list_tools())
+    trajectory = await run_agent(model, client, spec, "Is the red widget in stock?", tools)
+
+One rollout opens one session with the server (for stdio, one server process, so every
+rollout starts from the server's initial state) and closes it on every exit path. Each
+turn the policy sees the conversation and the tools; every tool call it makes is checked
+against the tool's schema first (a bad call is answered with the problem and never
+reaches the server), then run with `call_timeout_s`; the result (text, structured
+content as JSON, errors, notes for images) goes back as a tool message cut to
+`result_chars` with a marker. A reply without tool calls is the final answer (with
+`finish_tool`, calling `final_answer` also ends it). `max_turns` bounds the policy's
+replies and `rollout_timeout_s` the whole rollout.
+
+A call that outlives `call_timeout_s`, the rollout timeout and a server that dies raise:
+`gather_trajectory_groups` records the rollout as failed and training goes on. Tool
+errors and rejected calls are not failures: the policy sees them, and they are counted.
+
+The reward is the `check`'s score in [0, 1] of what happened (`AgentRun`); the default,
+`tool_use_check`, needs no knowledge of the server: a successful tool call, then a
+final answer, with no rejected or failed calls along the way. Success means score 1.
+RULER can replace or blend with it (`rlcoach.integrations.mcp.reward`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rlcoach.config import parse_config
+from rlcoach.errors import RLCoachError
+from rlcoach.integrations.mcp.connection import Connection, ServerSpec, connect
+from rlcoach.integrations.mcp.tools import ToolSet
+from rlcoach.types import Message, Tool, Trajectory
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+
+    from rlcoach.model import TrainableModel
+
+__all__ = [
+    "AgentConfig",
+    "AgentRun",
+    "CallRecord",
+    "Check",
+    "RolloutTimeoutError",
+    "ToolTimeoutError",
+    "build_demonstration",
+    "example_arguments",
+    "run_agent",
+    "tool_use_check",
+    "truncate",
+]
+
+FINISH_TOOL = "final_answer"
+DEFAULT_SYSTEM = ("You are an assistant with tools. Use the tools to find out or do what the "
+                  "user asks, then answer the user briefly.")  # fmt: skip
+
+
+class ToolTimeoutError(RLCoachError, TimeoutError):
+    """A tool call outlived `call_timeout_s` (the rollout is recorded as failed)."""
+
+
+class RolloutTimeoutError(RLCoachError, TimeoutError):
+    """A rollout outlived `rollout_timeout_s` (it is recorded as failed)."""
+
+
+class AgentConfig(BaseModel):
+    """How one rollout runs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_turns: int = Field(4, ge=1, le=100)
+    """Policy replies per rollout; the rollout ends unfinished after the last."""
+    call_timeout_s: float = Field(30.0, gt=0)
+    """Upper bound on one tool call; a call that exceeds it fails the rollout."""
+    rollout_timeout_s: float = Field(600.0, gt=0)
+    """Upper bound on the whole rollout, server start-up included."""
+    result_chars: int = Field(1500, ge=40)
+    """Tool results longer than this are cut, with a marker saying how much was cut."""
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    max_tokens: int = Field(192, ge=8)
+    """Completion budget of each policy reply."""
+    system_prompt: str = DEFAULT_SYSTEM
+    finish_tool: bool = False
+    """Also offer a `final_answer(answer)` tool for models that always call a tool."""
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    """Extra request fields for the policy's engine (vLLM: `seed`, `top_p`, ...)."""
+
+
+@dataclass
+class CallRecord:
+    """One tool call the policy made, and what came of it."""
+
+    name: str
+    arguments: str
+    """The arguments as the policy wrote them (a JSON string)."""
+    outcome: str
+    """`ok`, `tool_error` (the server said no) or `rejected` (failed the schema check)."""
+    result: str = ""
+
+
+@dataclass
+class AgentRun:
+    """What happened in one rollout: what a check scores."""
+
+    scenario: str
+    messages: list[Message]
+    calls: list[CallRecord] = field(default_factory=list)
+    final_answer: str | None = None
+    turns: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.final_answer is not None
+
+    def count(self, outcome: str) -> int:
+        return sum(call.outcome == outcome for call in self.calls)
+
+
+Check = Callable[[AgentRun], float | bool | Awaitable[float | bool]]
+"""Scores a rollout in [0, 1] (True/False count as 1/0); may be async."""
+
+
+def tool_use_check(run: AgentRun) -> float:
+    """Server-agnostic score: 0.5 for a successful call, 0.3 for then giving a final
+    answer, 0.2 for making no rejected or failed calls (only when a call succeeded)."""
+    if not run.count("ok"):
+        return 0.0
+    clean = run.count("tool_error") + run.count("rejected") == 0
+    return 0.5 + 0.3 * run.finished + 0.2 * clean
+
+
+def truncate(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, the cut marked with how much was left out."""
+    if len(text) <= limit:
+        return text
+    marker = f"\n[... {{}} more characters cut by rlcoach; result_chars={limit}]"
+    keep = max(limit - len(marker.format(len(text))), 0)
+    return text[:keep] + marker.format(len(text) - keep)
+
+
+def _finish_tool() -> Tool:
+    return {"type": "function", "function": {
+        "name": FINISH_TOOL, "description": "Give the final answer to the user and stop.",
+        "parameters": {"type": "object", "properties": {"answer": {"type": "string"}},
+                       "required": ["answer"]}}}  # fmt: skip
+
+
+def _scenario_text(scenario: Any) -> tuple[str, dict[str, Any]]:
+    if isinstance(scenario, str):
+        return scenario, {}
+    text = getattr(scenario, "text", None)
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"scenario {scenario!r} has no text; pass a string or an InputRecord")
+    return text, {"scenario_id": str(getattr(scenario, "id", "")),
+                  "difficulty": str(getattr(scenario, "difficulty", ""))}  # fmt: skip
+
+
+async def _score(check: Check, run: AgentRun) -> float:
+    value = check(run)
+    if inspect.isawaitable(value):
+        value = await value
+    score = float(value)
+    if not 0.0 <= score <= 1.0:
+        raise ValueError(f"the check returned {score!r}; a check must score in [0, 1]")
+    return score
+
+
+async def _call(connection: Connection, tools: ToolSet, call: Any, config: AgentConfig,
+                run: AgentRun) -> str:  # fmt: skip
+    name, raw = call.function.name, call.function.arguments or ""
+    checked = tools.check_call(name, raw)
+    if checked.error is not None:
+        run.calls.append(CallRecord(name, raw, "rejected", checked.error))
+        return f"error: {checked.error}"
+    try:
+        result = await connection.call_tool(checked.name, checked.arguments or {},
+                                            timeout_s=config.call_timeout_s)  # fmt: skip
+    except TimeoutError as e:
+        raise ToolTimeoutError(f"tool {checked.name!r} of MCP server {connection.spec.label!r} "
+                               f"did not answer within call_timeout_s={config.call_timeout_s}; "
+                               "raise call_timeout_s if the tool is just slow") from e  # fmt: skip
+    text = truncate(result.text or "(no output)", config.result_chars)
+    run.calls.append(CallRecord(name, raw, "tool_error" if result.is_error else "ok", text))
+    return f"error: {text}" if result.is_error and not text.startswith("error") else text
+
+
+async def run_agent(
+    model: TrainableModel,
+    client: AsyncOpenAI,
+    server: ServerSpec,
+    scenario: Any,
+    tools: ToolSet,
+    *,
+    config: AgentConfig | dict[str, Any] | None = None,
+    demonstration: Sequence[Message] = (),
+    check: Check = tool_use_check,
+) -> Trajectory:
+    """One rollout of `scenario` (a string or an `InputRecord`); see the module docstring.
+
+    `demonstration` messages go between the system prompt and the task (a worked example
+    for small models, see `build_demonstration`); they are prompt, never trained on.
+    """
+    config = parse_config(AgentConfig, config)
+    text, metadata = _scenario_text(scenario)
+    offered = [*tools.tools, _finish_tool()] if config.finish_tool else list(tools.tools)
+    prompt: list[Message] = [{"role": "system", "content": config.system_prompt},
+                             *demonstration]  # fmt: skip
+    run = AgentRun(text, [*prompt, {"role": "user", "content": text}])
+    async with model.rollout(server=server.label, **metadata) as rollout:
+        rollout.trajectory.metadata["prompt_messages"] = len(prompt)
+        try:
+            async with asyncio.timeout(config.rollout_timeout_s), connect(server) as connection:
+                sent = await _turns(model, client, connection, tools, offered, run, config)
+        except ToolTimeoutError:
+            raise
+        except TimeoutError as e:
+            raise RolloutTimeoutError(
+                f"the rollout outlived rollout_timeout_s={config.rollout_timeout_s} after "
+                f"{run.turns} turns and {len(run.calls)} tool calls; raise it, or lower "
+                "max_turns or max_tokens") from e  # fmt: skip
+        score = await _score(check, run)
+        rollout.reward = score
+        rollout.metrics.update({
+            "success": float(score == 1.0), "finished": float(run.finished),
+            "turns": float(run.turns), "tool_calls": float(len(run.calls)),
+            "tool_ok": float(run.count("ok")), "tool_errors": float(run.count("tool_error")),
+            "invalid_calls": float(run.count("rejected")), "check": score,
+        })  # fmt: skip
+        for record in run.calls:
+            if record.outcome != "ok":
+                rollout.log(f"{record.outcome} {record.name}({record.arguments}): "
+                            f"{record.result[:300]}")  # fmt: skip
+    trajectory = rollout.trajectory
+    # The gateway recorded up to the last reply; tool answers after it are ours to add.
+    trajectory.messages = [*trajectory.messages, *run.messages[sent + 1 :]]
+    return trajectory
+
+
+async def _turns(model: TrainableModel, client: AsyncOpenAI, connection: Connection,
+                 tools: ToolSet, offered: list[Tool], run: AgentRun,
+                 config: AgentConfig) -> int:  # fmt: skip
+    """The policy's turns; returns how many messages the last request carried."""
+    messages, sent = run.messages, 0
+    while run.turns < config.max_turns and not run.finished:
+        sent = len(messages)
+        reply = await client.chat.completions.create(
+            model=model.served_name, messages=messages, tools=offered,
+            temperature=config.temperature, max_tokens=config.max_tokens,
+            extra_body=config.extra_body or None,
+        )  # fmt: skip
+        run.turns += 1
+        message = reply.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            run.final_answer = message.content or ""
+            break
+        for call in message.tool_calls:
+            if call.function.name == FINISH_TOOL and config.finish_tool:
+                run.final_answer = _finish_answer(call.function.arguments)
+                content = "done"
+            else:
+                content = await _call(connection, tools, call, config, run)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
+    return sent
+
+
+def _finish_answer(arguments: str | None) -> str:
+    try:
+        parsed = json.loads(arguments or "{}")
+    except json.JSONDecodeError:
+        return arguments or ""
+    return str(parsed.get("answer", "")) if isinstance(parsed, dict) else str(parsed)
+
+
+# --- a worked example from a real call, for models too small to call tools unprompted
+
+_EXAMPLE_IN_TEXT = re.compile(r"""(?:e\.g\.|for example|such as|like)[,:]?\s*['"`]?"""
+                              r"""([^'"`\s,;)]+)""", re.IGNORECASE)  # fmt: skip
+
+
+def _example_value(schema: dict[str, Any], root_name: str = "") -> Any:
+    for key in ("const", "default"):
+        if key in schema:
+            return schema[key]
+    if schema.get("examples"):
+        return schema["examples"][0]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    for key in ("anyOf", "oneOf"):
+        options = [o for o in schema.get(key, []) if o.get("type") != "null"]
+        if options:
+            return _example_value(options[0], root_name)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "string")
+    if kind == "object" or "properties" in schema:
+        return example_arguments(schema)
+    if kind == "array":
+        return [_example_value(schema.get("items", {"type": "string"}), root_name)]
+    if kind in ("integer", "number"):
+        value = max(schema.get("minimum", 1), 1)
+        return int(value) if kind == "integer" else float(value)
+    if kind == "boolean":
+        return True
+    found = _EXAMPLE_IN_TEXT.search(schema.get("description", ""))
+    if found:
+        return found.group(1).rstrip(".")
+    if schema.get("format") == "email" or "email" in root_name.lower():
+        return "ada@example.com"
+    return root_name.replace("_", " ") or "example"
+
+
+def example_arguments(schema: dict[str, Any]) -> dict[str, Any]:
+    """Plausible arguments for a schema: its required fields from consts, defaults,
+    examples, enums, `e.g.` values in descriptions, else type-shaped placeholders."""
+    properties = schema.get("properties", {})
+    # With nothing required, show one argument anyway: a call with `{}` teaches little.
+    names = schema.get("required") or list(properties)[:1]
+    return {name: _example_value(properties[name], name) for name in names
+            if name in properties}  # fmt: skip
+
+
+async def build_demonstration(connection: Connection, tools: ToolSet, *,
+                              result_chars: int = 300,
+                              timeout_s: float = 30.0) -> list[Message]:  # fmt: skip
+    """A worked example from a real call: a request, the tool call, the server's answer
+    and a final reply, for the first tool whose example arguments the server accepts.
+
+    Empty when no tool answers without an error. The call runs on `connection`, so pick
+    a session whose state does not matter (for stdio, a throwaway one).
+    """
+    for tool in tools.tools:
+        function = tool["function"]
+        name = function["name"]
+        arguments = example_arguments(tools.schemas[name])
+        checked = tools.check_call(name, arguments)
+        if checked.error is not None:
+            continue
+        try:
+            result = await connection.call_tool(checked.name, arguments, timeout_s=timeout_s)
+        except TimeoutError:
+            continue
+        if result.is_error or not result.text.strip():
+            continue
+        shown = truncate(result.text, result_chars)
+        summary = " ".join(shown.split())[:160]
+        purpose = (function.get("description") or name).split(".")[0].strip()
+        described = ", ".join(f"{k} {json.dumps(v)}" for k, v in arguments.items())
+        request = f"{purpose}{' for ' + described if described else ''}, please."
+        call = {"id": "call_example", "type": "function",
+                "function": {"name": name, "arguments": json.dumps(arguments)}}  # fmt: skip
+        return [
+            {"role": "user", "content": request},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_example", "content": shown},
+            {"role": "assistant", "content": f"Here is what I found: {summary}"},
+        ]  # fmt: skip
+    return []

@@ -1,0 +1,153 @@
+"""`rlcoach mcp tools|train`: inspect an MCP server, or train the policy to use it.
+
+    rlcoach mcp tools --server "python -m rlcoach.integrations.mcp.inventory"
+    rlcoach mcp train --server "mcp-server-time" --steps 4
+    rlcoach mcp train --url http://127.0.0.1:8765/mcp --header "Authorization: Bearer ..."
+
+The core CLI finds these commands through the `rlcoach.cli` entry point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from rlcoach.bundled import BUNDLED_MODEL
+
+app = typer.Typer(help="Train tool use against an MCP server.", no_args_is_help=True)
+
+ServerOption = Annotated[str | None, typer.Option(
+    "--server", help="The server's launch command (stdio), e.g. \"mcp-server-time\".")]
+UrlOption = Annotated[str | None, typer.Option(help="A streamable-HTTP server URL.")]
+HeaderOption = Annotated[list[str] | None, typer.Option(
+    "--header", help="An HTTP header for --url, as \"Name: value\" (repeatable).")]
+EnvOption = Annotated[list[str] | None, typer.Option(
+    "--env", help="An environment variable for the --server process, NAME=value.")]
+
+
+def server_spec(server: str | None, url: str | None, headers: list[str] | None,
+                env: list[str] | None, startup_timeout_s: float = 60.0) -> Any:  # fmt: skip
+    """A `ServerSpec` from the command-line options, or a usage error naming the fix."""
+    from rlcoach.integrations.mcp.connection import ServerSpec
+
+    if (server is None) == (url is None):
+        raise typer.BadParameter("give exactly one of --server \"<command>\" (stdio) or --url "
+                                 "<address> (streamable HTTP)")  # fmt: skip
+    parsed_headers = {}
+    for header in headers or []:
+        key, sep, value = header.partition(":")
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"--header {header!r} is not \"Name: value\"")
+        parsed_headers[key.strip()] = value.strip()
+    parsed_env = {}
+    for item in env or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"--env {item!r} is not NAME=value")
+        parsed_env[key] = value
+    if url is not None:
+        if parsed_env:
+            raise typer.BadParameter("--env applies to a --server process, not to --url")
+        return ServerSpec(url=url, headers=parsed_headers, startup_timeout_s=startup_timeout_s)
+    if parsed_headers:
+        raise typer.BadParameter("--header applies to --url, not to a --server command")
+    return ServerSpec.from_command(server, env=parsed_env,
+                                   startup_timeout_s=startup_timeout_s)  # fmt: skip
+
+
+def _fail(error: Exception) -> typer.Exit:
+    typer.echo(f"error: {error}", err=True)
+    return typer.Exit(2)
+
+
+@app.command()
+def tools(server: ServerOption = None, url: UrlOption = None, header: HeaderOption = None,
+          env: EnvOption = None) -> None:  # fmt: skip
+    """List the server's tools as the policy sees them (OpenAI schemas), and what was skipped."""
+    from rlcoach.errors import RLCoachError
+    from rlcoach.integrations.mcp.train import discover
+
+    spec = server_spec(server, url, header, env)
+    try:
+        found = asyncio.run(discover(spec, demonstration=False))
+    except RLCoachError as e:
+        raise _fail(e) from e
+    typer.echo(json.dumps({"server": found.server_name, "tools": found.tools.tools,
+                           "skipped": found.tools.skipped, "renamed": found.tools.renamed,
+                           "resources": found.resources, "prompts": found.prompts},
+                          indent=2))  # fmt: skip
+
+
+@app.command()
+def train(
+    server: ServerOption = None,
+    url: UrlOption = None,
+    header: HeaderOption = None,
+    env: EnvOption = None,
+    model: Annotated[str, typer.Option(help="Base model to train.")] = BUNDLED_MODEL,
+    steps: Annotated[int, typer.Option(min=0, help="Training steps.")] = 4,
+    scenarios: Annotated[int, typer.Option(min=2, help="Scenarios to generate.")] = 24,
+    scenarios_file: Annotated[Path | None, typer.Option(
+        help="Scenarios as AutoRL JSONL instead of generating them.")] = None,
+    eval_fraction: Annotated[float, typer.Option(min=0.01, max=0.95)] = 0.25,
+    scenarios_per_step: Annotated[int, typer.Option(min=1)] = 2,
+    group_size: Annotated[int, typer.Option(min=2, help="Attempts per scenario.")] = 4,
+    eval_samples: Annotated[int, typer.Option(min=1)] = 1,
+    max_turns: Annotated[int, typer.Option(min=1)] = 4,
+    call_timeout: Annotated[float, typer.Option(help="Seconds per tool call.")] = 30.0,
+    rollout_timeout: Annotated[float, typer.Option(help="Seconds per rollout.")] = 600.0,
+    result_chars: Annotated[int, typer.Option(min=40, help="Tool results cut to this.")] = 1500,
+    max_tokens: Annotated[int, typer.Option(min=8, help="Tokens per policy reply.")] = 192,
+    system_prompt: Annotated[str | None, typer.Option(help="The agent's system prompt.")] = None,
+    demonstration: Annotated[bool, typer.Option(help="Worked example from a real call.")] = True,
+    generator_url: Annotated[str | None, typer.Option(help="Scenario writer's base URL.")] = None,
+    generator_model: str = BUNDLED_MODEL,
+    generator_key_env: str | None = None,
+    judge_url: Annotated[str | None, typer.Option(help="RULER judge's base URL.")] = None,
+    judge_model: str | None = None,
+    judge_key_env: str | None = None,
+    judge_weight: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.5,
+    learning_rate: Annotated[float, typer.Option(min=0.0)] = 1e-3,
+    name: Annotated[str | None, typer.Option(help="Model name (an existing one resumes).")] = None,
+    engine: Annotated[str, typer.Option(help="vllm or transformers.")] = "vllm",
+    root: Annotated[Path, typer.Option(help="Where runs are written.")] = Path(".rlcoach"),
+    seed: int = 0,
+) -> None:
+    """Discover the tools, generate scenarios, train, evaluate held out, write a report."""
+    from pydantic import ValidationError
+
+    from rlcoach.errors import RLCoachError
+    from rlcoach.integrations.mcp.agent import DEFAULT_SYSTEM, AgentConfig
+    from rlcoach.integrations.mcp.train import Endpoint, MCPTrainConfig, train_on_server
+
+    spec = server_spec(server, url, header, env)
+    if (judge_url is None) != (judge_model is None):
+        raise typer.BadParameter("a judge needs both --judge-url and --judge-model")
+    try:
+        config = MCPTrainConfig(
+            server=spec, base_model=model, name=name, steps=steps, scenarios=scenarios,
+            scenarios_file=scenarios_file, eval_fraction=eval_fraction,
+            scenarios_per_step=scenarios_per_step, group_size=group_size,
+            eval_samples=eval_samples, demonstration=demonstration,
+            agent=AgentConfig(max_turns=max_turns, call_timeout_s=call_timeout,
+                              rollout_timeout_s=rollout_timeout, result_chars=result_chars,
+                              max_tokens=max_tokens,
+                              system_prompt=system_prompt or DEFAULT_SYSTEM),
+            generator=Endpoint(url=generator_url, model=generator_model,
+                               api_key_env=generator_key_env) if generator_url else None,
+            judge=Endpoint(url=judge_url, model=judge_model, api_key_env=judge_key_env)
+            if judge_url and judge_model else None,
+            judge_weight=judge_weight, learning_rate=learning_rate, engine=engine, root=root,
+            seed=seed,
+        )  # fmt: skip
+        report = asyncio.run(train_on_server(config))
+    except (RLCoachError, ValidationError) as e:
+        raise _fail(e) from e
+    before, after = report["eval_before"], report["eval_after"]
+    typer.echo(f"result: success_before={before['success']:.3f} "
+               f"success_after={after['success']:.3f} lora={report['lora']} "
+               f"report={report['run_dir']}/report.md")  # fmt: skip

@@ -1,0 +1,313 @@
+"""Train tool use against an MCP server, end to end (`rlcoach mcp train`).
+
+`train_on_server(config)`: discover the server's tools (and its resources, as context for
+the scenarios), build a worked example from a real call, generate scenarios with AutoRL
+(or read them from a JSONL file), split them into train and held-out sets, measure the
+held-out success of the base model, train for `steps` GRPO steps (rewards: the agent's
+check, blended with RULER when a judge is given), measure again and write `report.json`
+and `report.md` in the model's run folder. Every file is written atomically; a failed
+rollout is counted and the step goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from tqdm.auto import tqdm
+
+from rlcoach.autorl.split import load_records, save_dataset, split_records
+from rlcoach.autorl.types import InputRecord
+from rlcoach.backend import LocalBackend
+from rlcoach.bundled import BUNDLED_MODEL
+from rlcoach.dataset import iterate_dataset
+from rlcoach.errors import ConfigError
+from rlcoach.gather import gather_trajectory_groups
+from rlcoach.integrations.mcp.agent import AgentConfig, build_demonstration, run_agent
+from rlcoach.integrations.mcp.connection import ServerSpec, connect
+from rlcoach.integrations.mcp.tools import ToolSet, convert_tools
+from rlcoach.model import Model, TrainableModel
+from rlcoach.paths import append_jsonl, write_text_atomic
+from rlcoach.types import Message, TrajectoryGroup
+from rlcoach.usage import ModelUsage
+
+__all__ = ["Discovery", "MCPTrainConfig", "discover", "summarize", "train_on_server"]
+
+PROJECT = "mcp"
+
+
+class Endpoint(BaseModel):
+    """An OpenAI-compatible model: a generator or a judge."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str
+    model: str
+    api_key_env: str | None = None
+
+    def as_model(self) -> Model:
+        return Model(self.model, base_url=self.url, api_key_env=self.api_key_env)
+
+
+class MCPTrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    server: ServerSpec
+    base_model: str = BUNDLED_MODEL
+    name: str | None = None
+    """The trained model's name (default `<server>-<time>`); an existing one resumes."""
+    steps: int = Field(4, ge=0)
+    scenarios: int = Field(24, ge=2)
+    """Scenarios to generate (ignored with `scenarios_file`)."""
+    scenarios_file: Path | None = None
+    """A JSONL of AutoRL input records (e.g. from `rlcoach autorl generate --mcp`)."""
+    eval_fraction: float = Field(0.25, gt=0.0, lt=1.0)
+    scenarios_per_step: int = Field(2, ge=1)
+    group_size: int = Field(4, ge=2)
+    eval_samples: int = Field(1, ge=1)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    demonstration: bool = True
+    """Put a worked example from a real call before each task (small models need it)."""
+    generator: Endpoint | None = None
+    """Writes the scenarios; default: the base model on the local engine (weak)."""
+    judge: Endpoint | None = None
+    """RULER's judge; without one the reward is the agent's check alone."""
+    judge_weight: float = Field(0.5, ge=0.0, le=1.0)
+    learning_rate: float = Field(1e-3, gt=0.0)
+    seed: int = 0
+    engine: str = "vllm"
+    root: Path = Path(".rlcoach")
+    progress: bool = True
+
+
+@dataclass
+class Discovery:
+    """What a server offers, as the policy will see it."""
+
+    server_name: str
+    instructions: str | None
+    tools: ToolSet
+    resources: list[str]
+    prompts: list[str]
+    context: str
+    """Resource texts (cut) and the server's instructions, for writing scenarios."""
+    demonstration: list[Message]
+
+
+def _log(line: str) -> None:
+    tqdm.write(line)
+
+
+async def discover(spec: ServerSpec, *, demonstration: bool = True,
+                   context_chars: int = 3000) -> Discovery:  # fmt: skip
+    """Connect, list tools/resources/prompts, read text resources, build the example."""
+    async with connect(spec) as server:
+        tools = convert_tools(await server.list_tools())
+        resources = await server.list_resources()
+        prompts = await server.list_prompts()
+        parts = [server.instructions] if server.instructions else []
+        for resource in resources[:5]:
+            if str(getattr(resource, "mime_type", None) or "text").startswith("text"):
+                with contextlib.suppress(Exception):
+                    text = await server.read_resource(str(resource.uri))
+                    parts.append(f"{resource.uri}:\n{text}")
+        name, instructions = server.server_name, server.instructions
+    if not tools.tools:
+        skipped = "; ".join(f"{n}: {why}" for n, why in tools.skipped) or "it lists none"
+        raise ConfigError(f"MCP server {spec.label!r} offers no usable tools ({skipped}); "
+                          "there is nothing to train tool use on")  # fmt: skip
+    example: list[Message] = []
+    if demonstration:
+        async with connect(spec) as server:  # a throwaway session: the call may change state
+            example = await build_demonstration(server, tools)
+    return Discovery(name, instructions, tools, [str(r.uri) for r in resources],
+                     [p.name for p in prompts], "\n\n".join(parts)[:context_chars], example)
+
+
+def summarize(groups: list[TrajectoryGroup]) -> dict[str, float]:
+    """Per-rollout averages of a batch of groups (failed rollouts count as unsuccessful)."""
+    trajectories = [t for g in groups for t in g.trajectories]
+    failed = sum(len(g.failures) for g in groups)
+    total = len(trajectories) + failed
+
+    def mean(key: str) -> float:
+        return sum(t.metrics.get(key, 0.0) for t in trajectories) / total if total else 0.0
+
+    calls = sum(t.metrics.get("tool_calls", 0.0) for t in trajectories)
+    bad = sum(t.metrics.get("tool_errors", 0.0) + t.metrics.get("invalid_calls", 0.0)
+              for t in trajectories)  # fmt: skip
+    return {
+        "rollouts": float(total), "failed": float(failed),
+        "reward": sum(t.reward for t in trajectories) / total if total else 0.0,
+        "success": mean("success"), "finished": mean("finished"),
+        "tool_calls_per_rollout": mean("tool_calls"),
+        "tool_error_rate": bad / calls if calls else 0.0,
+        "invalid_call_rate": sum(t.metrics.get("invalid_calls", 0.0) for t in trajectories)
+        / calls if calls else 0.0,
+    }  # fmt: skip
+
+
+async def _scenarios(config: MCPTrainConfig, found: Discovery, backend: LocalBackend,
+                     usage: ModelUsage) -> list[InputRecord]:  # fmt: skip
+    if config.scenarios_file is not None:
+        records = load_records(config.scenarios_file)
+        _log(f"read {len(records)} scenarios from {config.scenarios_file}")
+        return records
+    from rlcoach.autorl.embeddings import minilm_embedder
+    from rlcoach.autorl.generate import GenerationError, generate_scenarios
+
+    if config.generator is not None:
+        generator = config.generator.as_model()
+    else:
+        assert backend.engine is not None
+        _log("no generator given: the base model writes the scenarios (weak; pass a stronger "
+             "OpenAI-compatible generator for real runs)")  # fmt: skip
+        generator = Model(backend.engine.base_name, base_url=backend.url + "/v1")
+    try:
+        return await generate_scenarios(found.tools.tools, config.scenarios, generator,
+                                        resources=found.context or None, usage=usage,
+                                        embed=minilm_embedder(), progress=config.progress,
+                                        config={"seed": config.seed})  # fmt: skip
+    except GenerationError as e:
+        if len(e.records) < 2:
+            raise
+        _log(f"warning: {e}; going on with the {len(e.records)} generated")
+        return e.records
+
+
+async def _rollouts(model: TrainableModel, config: MCPTrainConfig, found: Discovery,
+                    scenarios: list[InputRecord], samples: int, description: str,
+                    after_each: Any = None) -> list[TrajectoryGroup]:  # fmt: skip
+    client = model.openai_client()
+    return await gather_trajectory_groups(
+        ([run_agent(model, client, config.server, s, found.tools, config=config.agent,
+                    demonstration=found.demonstration) for _ in range(samples)]
+         for s in scenarios),
+        description=description, progress=config.progress, after_each=after_each,
+        max_concurrency=8, max_failure_fraction=1.0,
+    )  # fmt: skip
+
+
+def _markdown(report: dict[str, Any]) -> str:
+    before, after = report["eval_before"], report["eval_after"]
+    lines = [
+        f"# rlcoach mcp train: {report['model']}", "",
+        f"- server: `{report['server']}` ({report['server_name']}), tools: "
+        f"{', '.join(report['tools'])}",
+        f"- scenarios: {report['scenarios']['train']} train, {report['scenarios']['eval']} "
+        f"held out ({report['scenarios']['source']})",
+        f"- reward: {report['reward']}", f"- LoRA: `{report['lora']}`",
+        f"- minutes: {report['minutes']:.1f}", "",
+        "| held out | success | reward | tool-call error rate | failed rollouts |",
+        "|---|---|---|---|---|",
+        f"| before | {before['success']:.3f} | {before['reward']:.3f} | "
+        f"{before['tool_error_rate']:.3f} | {before['failed']:.0f} |",
+        f"| after | {after['success']:.3f} | {after['reward']:.3f} | "
+        f"{after['tool_error_rate']:.3f} | {after['failed']:.0f} |", "",
+        "| step | reward | success | tool-call error rate | failed | trained | served |",
+        "|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for s in report["steps"]:
+        lines.append(f"| {s['step']} | {s['reward']:.3f} | {s['success']:.3f} | "
+                     f"{s['tool_error_rate']:.3f} | {s['failed']:.0f} | {s['trained']} | "
+                     f"{s['served']} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+async def train_on_server(config: MCPTrainConfig,
+                          backend: LocalBackend | None = None) -> dict[str, Any]:  # fmt: skip
+    """Run the whole job (see the module docstring); returns the report.
+
+    With `backend` (already started, e.g. shared by several jobs) the job uses it and
+    leaves it running; otherwise it starts one under `config.root` and closes it.
+    """
+    started = time.perf_counter()
+    _log(f"discovering {config.server.label}")
+    found = await discover(config.server, demonstration=config.demonstration)
+    for name, why in found.tools.skipped:
+        _log(f"skipped tool {name}: {why}")
+    _log(f"{len(found.tools.tools)} tools: {', '.join(found.tools.names)}; "
+         f"{len(found.resources)} resources, {len(found.prompts)} prompts; worked example: "
+         f"{'yes' if found.demonstration else 'none (no tool answered example arguments)'}")
+    slug = "".join(c if c.isalnum() else "-" for c in found.server_name.lower()).strip("-")
+    name = config.name or f"{slug[:40] or 'server'}-{time.strftime('%Y%m%d-%H%M%S')}"
+    model = TrainableModel(name, PROJECT, base_model=config.base_model,
+                           config={"learning_rate": config.learning_rate,
+                                   "seed": config.seed})  # fmt: skip
+    judge = config.judge.as_model() if config.judge is not None else None
+    hook = None
+    if judge is not None:
+        from rlcoach.integrations.mcp.reward import ruler_rewards
+
+        hook = ruler_rewards(judge, found.tools, weight=config.judge_weight)
+    usage = ModelUsage()
+    async with contextlib.AsyncExitStack() as stack:
+        if backend is None:
+            _log(f"starting the {config.engine} engine with {config.base_model}")
+            backend = LocalBackend(config.root, engine={"kind": config.engine})
+            await stack.enter_async_context(backend)
+        await model.register(backend)
+        paths = backend.paths(model)
+        records = await _scenarios(config, found, backend, usage)
+        train, held_out = split_records(records, config.eval_fraction, config.seed)
+        if not train or not held_out:
+            raise ConfigError(f"{len(records)} scenarios split into {len(train)} train and "
+                              f"{len(held_out)} held out; both need at least one: give more "
+                              "scenarios or change eval_fraction")  # fmt: skip
+        save_dataset(paths.dir / "scenarios", train, held_out,
+                     {"server": config.server.label, "tools": found.tools.names,
+                      "usage": usage.model_dump(), "seed": config.seed})  # fmt: skip
+        _log(f"{len(train)} train and {len(held_out)} held-out scenarios in "
+             f"{paths.dir / 'scenarios'}")  # fmt: skip
+
+        async def evaluate(label: str) -> dict[str, float]:
+            groups = await _rollouts(model, config, found, held_out, config.eval_samples,
+                                     f"eval {model.served_name}")  # fmt: skip
+            result = summarize(groups)
+            _log(f"held-out {label}: success {result['success']:.3f} reward "
+                 f"{result['reward']:.3f} tool-call error rate {result['tool_error_rate']:.3f}")
+            return result
+
+        before = await evaluate("before training")
+        steps: list[dict[str, Any]] = []
+        batches = iterate_dataset(train, config.scenarios_per_step, epochs=1000,
+                                  seed=config.seed, initial_step=model.step)  # fmt: skip
+        for batch in batches:
+            if batch.step >= config.steps:
+                break
+            groups = await _rollouts(model, config, found, batch.items, config.group_size,
+                                     f"step {batch.step + 1}/{config.steps} rollouts", hook)
+            row: dict[str, Any] = {"step": batch.step + 1, **summarize(groups)}
+            result = await model.train(groups)
+            row.update(trained=result.stats.trained, loss=result.stats.loss,
+                       served=model.served_name)  # fmt: skip
+            steps.append(row)
+            append_jsonl(paths.metrics, {"event": "mcp_step", **row})
+            _log(f"step {row['step']:>3}  reward {row['reward']:.3f}  success "
+                 f"{row['success']:.3f}  tool errors {row['tool_error_rate']:.3f}  failed "
+                 f"{row['failed']:.0f}  " + (f"loss {row['loss']:+.4f}  serving {row['served']}"
+                                             if row["trained"] else
+                                             "skipped: equal rewards in every group"))
+        after = await evaluate("after training")
+        latest = paths.latest_checkpoint()
+    report = {
+        "model": name, "served": model.served_name, "server": config.server.label,
+        "server_name": found.server_name, "tools": found.tools.names,
+        "skipped_tools": [list(s) for s in found.tools.skipped],
+        "scenarios": {"train": len(train), "eval": len(held_out),
+                      "source": str(config.scenarios_file or "generated")},
+        "reward": (f"RULER ({config.judge.model}) x {config.judge_weight} + check"
+                   if config.judge else "check (tool_use_check)"),
+        "eval_before": before, "eval_after": after, "steps": steps,
+        "lora": str(latest[1]) if latest else None, "generator_usage": usage.model_dump(),
+        "minutes": (time.perf_counter() - started) / 60, "run_dir": str(paths.dir),
+    }  # fmt: skip
+    write_text_atomic(paths.dir / "report.json", json.dumps(report, indent=2) + "\n")
+    write_text_atomic(paths.dir / "report.md", _markdown(report))
+    _log(f"report: {paths.dir / 'report.md'}")
+    return report
