@@ -1,4 +1,5 @@
-"""`rlcoach autorl generate "<task description>" --n 200 --out data/`.
+"""`rlcoach autorl generate "<task description>" --n 200 --out data/`, and
+`rlcoach autorl generate --mcp "<server command or URL>"` for tool-using scenarios.
 
 Generates inputs (exact, near-duplicate and embedding-similar ones removed), a system
 prompt, and a deterministic train/eval split, written as `train.jsonl`, `eval.jsonl`
@@ -6,7 +7,9 @@ and `dataset.json` (the task, the system prompt, the generator, its usage, the c
 With no `--generator-url` the bundled 135M model generates, served by a local vLLM
 server started for the purpose: every guarantee holds, but its inputs are weak — pass a
 stronger OpenAI-compatible model for real datasets. The core CLI finds this command
-through the `rlcoach.cli` entry point.
+through the `rlcoach.cli` entry point. `--mcp` asks the plugin registered under the
+`rlcoach.tool_sources` entry point (`rlcoach[mcp]`) for the server's tools and resources,
+so AutoRL itself never imports an MCP client.
 """
 
 from __future__ import annotations
@@ -29,12 +32,23 @@ app = typer.Typer(help="Generate training inputs from a task description (AutoRL
 logger = logging.getLogger(__name__)
 
 
-async def _run(task: str, n: int, out: Path, eval_fraction: float, seed: int,
-               generator_url: str | None, generator_model: str, api_key_env: str | None,
+async def _tool_source(target: str) -> tuple[list[Any], str | None]:
+    from importlib.metadata import entry_points
+
+    from rlcoach.errors import ConfigError
+
+    found = [e for e in entry_points(group="rlcoach.tool_sources") if e.name == "mcp"]
+    if not found:
+        raise ConfigError("--mcp needs the MCP plugin: pip install 'rlcoach[mcp]'")
+    return await found[0].load()(target)
+
+
+async def _run(task: str | None, mcp: str | None, n: int, out: Path, eval_fraction: float,
+               seed: int, generator_url: str | None, generator_model: str, api_key_env: str | None,
                batch_size: int, system_prompt: bool,
                embeddings: bool) -> dict[str, Any]:  # fmt: skip
     from rlcoach.autorl.embeddings import minilm_embedder
-    from rlcoach.autorl.generate import GenerationError, generate_inputs
+    from rlcoach.autorl.generate import GenerationError, generate_inputs, generate_scenarios
     from rlcoach.autorl.prompt import generate_system_prompt
     from rlcoach.autorl.split import save_dataset, split_records
     from rlcoach.backend import LocalBackend
@@ -42,6 +56,12 @@ async def _run(task: str, n: int, out: Path, eval_fraction: float, seed: int,
     from rlcoach.usage import ModelUsage
 
     usage = ModelUsage()
+    tools: list[Any] = []
+    resources = None
+    if mcp is not None:
+        tools, resources = await _tool_source(mcp)
+        typer.echo(f"{len(tools)} tools from {mcp}: "
+                   f"{', '.join(t['function']['name'] for t in tools)}", err=True)  # fmt: skip
     embed = minilm_embedder() if embeddings else None
     async with contextlib.AsyncExitStack() as stack:
         if generator_url is None:
@@ -54,21 +74,33 @@ async def _run(task: str, n: int, out: Path, eval_fraction: float, seed: int,
             generator = Model(BUNDLED_MODEL, base_url=backend.url + "/v1")
         else:
             generator = Model(generator_model, base_url=generator_url, api_key_env=api_key_env)
+        config = {"batch_size": batch_size, "seed": seed}
         try:
-            records = await generate_inputs(task, n, generator, usage=usage, embed=embed,
-                                            config={"batch_size": batch_size, "seed": seed})
+            if mcp is not None:
+                purpose = f"The agent's purpose: {task}" if task else None
+                context = "\n\n".join(p for p in (purpose, resources) if p) or None
+                records = await generate_scenarios(tools, n, generator, resources=context,
+                                                   usage=usage, embed=embed,
+                                                   config=config)  # fmt: skip
+            else:
+                assert task is not None
+                records = await generate_inputs(task, n, generator, usage=usage, embed=embed,
+                                                config=config)  # fmt: skip
         except GenerationError as e:
             typer.echo(f"warning: {e}; saving the {len(e.records)} generated", err=True)
             records = e.records
         prompt = None
+        described = task or (f"Use these tools to serve the user: "
+                             f"{', '.join(t['function']['name'] for t in tools)}")  # fmt: skip
         if system_prompt:
             try:
-                prompt = await generate_system_prompt(task, generator, examples=records,
+                prompt = await generate_system_prompt(described, generator, examples=records,
                                                       usage=usage)  # fmt: skip
             except GenerationError as e:
                 typer.echo(f"warning: {e}; the dataset has no system prompt", err=True)
     train, evaluation = split_records(records, eval_fraction, seed)
-    manifest = {"task": task, "system_prompt": prompt, "requested": n, "seed": seed,
+    manifest = {"task": task, "mcp": mcp, "tools": [t["function"]["name"] for t in tools],
+                "system_prompt": prompt, "requested": n, "seed": seed,
                 "eval_fraction": eval_fraction, "generator": generator.name,
                 "generator_url": generator_url, "embeddings": embed is not None,
                 "usage": usage.model_dump(),
@@ -79,7 +111,11 @@ async def _run(task: str, n: int, out: Path, eval_fraction: float, seed: int,
 
 @app.command()
 def generate(
-    task: Annotated[str, typer.Argument(help="What the agent is for, in a sentence or two.")],
+    task: Annotated[str | None, typer.Argument(
+        help="What the agent is for, in a sentence or two.")] = None,
+    mcp: Annotated[str | None, typer.Option(
+        help="An MCP server (launch command or http(s) URL): write tool-using scenarios "
+             "for its tools.")] = None,
     n: Annotated[int, typer.Option(min=1, help="Inputs to generate.")] = 200,
     out: Annotated[Path, typer.Option(help="Folder for train/eval JSONL.")] = Path("data"),
     eval_fraction: Annotated[float, typer.Option(min=0.0, max=0.95)] = 0.2,
@@ -91,11 +127,14 @@ def generate(
     system_prompt: Annotated[bool, typer.Option(help="Also write a system prompt.")] = True,
     embeddings: Annotated[bool, typer.Option(help="Embedding near-duplicates.")] = True,
 ) -> None:
-    """Generate a train/eval dataset of inputs for the task."""
+    """Generate a train/eval dataset of inputs for the task (or an MCP server's tools)."""
     from rlcoach.errors import RLCoachError
 
+    if task is None and mcp is None:
+        raise typer.BadParameter("give a task description, or --mcp \"<server command>\"")
+
     try:
-        result = asyncio.run(_run(task, n, out, eval_fraction, seed, generator_url,
+        result = asyncio.run(_run(task, mcp, n, out, eval_fraction, seed, generator_url,
                                   generator_model, api_key_env, batch_size, system_prompt,
                                   embeddings))  # fmt: skip
     except RLCoachError as e:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlcoach.config import parse_config
-from rlcoach.errors import RLCoachError
+from rlcoach.errors import ConfigError, RLCoachError
 from rlcoach.integrations.mcp.connection import Connection, ServerSpec, connect
 from rlcoach.integrations.mcp.tools import ToolSet
 from rlcoach.types import Message, Tool, Trajectory
@@ -51,6 +51,7 @@ __all__ = [
     "AgentRun",
     "CallRecord",
     "Check",
+    "Example",
     "RolloutTimeoutError",
     "ToolTimeoutError",
     "build_demonstration",
@@ -117,6 +118,8 @@ class AgentRun:
     calls: list[CallRecord] = field(default_factory=list)
     final_answer: str | None = None
     turns: int = 0
+    given: Any = None
+    """The scenario as given: an `InputRecord`'s metadata can carry what a check needs."""
 
     @property
     def finished(self) -> bool:
@@ -215,7 +218,7 @@ async def run_agent(
     offered = [*tools.tools, _finish_tool()] if config.finish_tool else list(tools.tools)
     prompt: list[Message] = [{"role": "system", "content": config.system_prompt},
                              *demonstration]  # fmt: skip
-    run = AgentRun(text, [*prompt, {"role": "user", "content": text}])
+    run = AgentRun(text, [*prompt, {"role": "user", "content": text}], given=scenario)
     async with model.rollout(server=server.label, **metadata) as rollout:
         rollout.trajectory.metadata["prompt_messages"] = len(prompt)
         try:
@@ -330,39 +333,75 @@ def example_arguments(schema: dict[str, Any]) -> dict[str, Any]:
             if name in properties}  # fmt: skip
 
 
-async def build_demonstration(connection: Connection, tools: ToolSet, *,
+class Example(BaseModel):
+    """A worked example given by the user: a request and the call that serves it. The
+    call is run against the real server; its answer goes into the demonstration."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request: str = Field(min_length=1)
+    tool: str = Field(min_length=1)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    answer: str | None = None
+    """The final reply after the tool's answer (default: a summary of that answer)."""
+
+
+def _worked(index: int, request: str, name: str, arguments: dict[str, Any], result: str,
+            answer: str | None, result_chars: int) -> list[Message]:  # fmt: skip
+    shown = truncate(result, result_chars)
+    call_id = f"call_example_{index}"
+    call = {"id": call_id, "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments)}}  # fmt: skip
+    reply = answer or f"Here is what I found: {' '.join(shown.split())[:160]}"
+    return [
+        {"role": "user", "content": request},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call_id, "content": shown},
+        {"role": "assistant", "content": reply},
+    ]  # fmt: skip
+
+
+async def build_demonstration(connection: Connection, tools: ToolSet,
+                              examples: Sequence[Example | dict[str, Any]] = (), *,
                               result_chars: int = 300,
                               timeout_s: float = 30.0) -> list[Message]:  # fmt: skip
-    """A worked example from a real call: a request, the tool call, the server's answer
-    and a final reply, for the first tool whose example arguments the server accepts.
+    """Worked examples from real calls: request, tool call, the server's answer, reply.
 
-    Empty when no tool answers without an error. The call runs on `connection`, so pick
-    a session whose state does not matter (for stdio, a throwaway one).
+    With `examples`, one per example (a call the schema or the server refuses raises
+    `ConfigError` naming it); without, one for the first tool whose `example_arguments`
+    the server answers without an error (none: empty). The calls run on `connection`,
+    so pick a session whose state does not matter (for stdio, a throwaway one).
     """
+    messages: list[Message] = []
+    for index, given in enumerate(examples):
+        example = given if isinstance(given, Example) else Example.model_validate(given)
+        checked = tools.check_call(example.tool, example.arguments)
+        if checked.error is not None:
+            raise ConfigError(f"worked example {index} ({example.request!r}): {checked.error}")
+        result = await connection.call_tool(checked.name, example.arguments, timeout_s=timeout_s)
+        if result.is_error:
+            raise ConfigError(f"worked example {index} ({example.request!r}): the server "
+                              f"answered {example.tool} with an error: {result.text[:300]}; "
+                              "fix the example's arguments")  # fmt: skip
+        messages += _worked(index, example.request, example.tool, example.arguments,
+                            result.text, example.answer, result_chars)  # fmt: skip
+    if examples:
+        return messages
     for tool in tools.tools:
         function = tool["function"]
         name = function["name"]
         arguments = example_arguments(tools.schemas[name])
-        checked = tools.check_call(name, arguments)
-        if checked.error is not None:
+        if tools.check_call(name, arguments).error is not None:
             continue
         try:
-            result = await connection.call_tool(checked.name, arguments, timeout_s=timeout_s)
+            result = await connection.call_tool(tools.server_names[name], arguments,
+                                                timeout_s=timeout_s)  # fmt: skip
         except TimeoutError:
             continue
         if result.is_error or not result.text.strip():
             continue
-        shown = truncate(result.text, result_chars)
-        summary = " ".join(shown.split())[:160]
         purpose = (function.get("description") or name).split(".")[0].strip()
         described = ", ".join(f"{k} {json.dumps(v)}" for k, v in arguments.items())
         request = f"{purpose}{' for ' + described if described else ''}, please."
-        call = {"id": "call_example", "type": "function",
-                "function": {"name": name, "arguments": json.dumps(arguments)}}  # fmt: skip
-        return [
-            {"role": "user", "content": request},
-            {"role": "assistant", "content": None, "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": "call_example", "content": shown},
-            {"role": "assistant", "content": f"Here is what I found: {summary}"},
-        ]  # fmt: skip
+        return _worked(0, request, name, arguments, result.text, None, result_chars)
     return []

@@ -59,6 +59,27 @@ def server_spec(server: str | None, url: str | None, headers: list[str] | None,
                                    startup_timeout_s=startup_timeout_s)  # fmt: skip
 
 
+def read_examples(path: Path) -> list[dict[str, Any]]:
+    """Worked examples from a JSON list or JSON lines."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise typer.BadParameter(f"--examples {path}: {e}") from e
+    try:
+        data = json.loads(text)
+        return data if isinstance(data, list) else [data]
+    except json.JSONDecodeError:
+        pass
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise typer.BadParameter(f"--examples {path}:{number} is not JSON: {e}") from e
+    return rows
+
+
 def _fail(error: Exception) -> typer.Exit:
     typer.echo(f"error: {error}", err=True)
     return typer.Exit(2)
@@ -104,6 +125,11 @@ def train(
     max_tokens: Annotated[int, typer.Option(min=8, help="Tokens per policy reply.")] = 192,
     system_prompt: Annotated[str | None, typer.Option(help="The agent's system prompt.")] = None,
     demonstration: Annotated[bool, typer.Option(help="Worked example from a real call.")] = True,
+    examples: Annotated[Path | None, typer.Option(
+        help="Worked examples (JSON list or JSONL of {request, tool, arguments, answer}) "
+             "to show instead of the automatic one.")] = None,
+    check: Annotated[str | None, typer.Option(
+        help="module:function scoring a rollout in [0, 1] (default: tool_use_check).")] = None,
     generator_url: Annotated[str | None, typer.Option(help="Scenario writer's base URL.")] = None,
     generator_model: str = BUNDLED_MODEL,
     generator_key_env: str | None = None,
@@ -133,6 +159,7 @@ def train(
             scenarios_file=scenarios_file, eval_fraction=eval_fraction,
             scenarios_per_step=scenarios_per_step, group_size=group_size,
             eval_samples=eval_samples, demonstration=demonstration,
+            examples=read_examples(examples) if examples else [], check=check,
             agent=AgentConfig(max_turns=max_turns, call_timeout_s=call_timeout,
                               rollout_timeout_s=rollout_timeout, result_chars=result_chars,
                               max_tokens=max_tokens,

@@ -28,15 +28,23 @@ from rlcoach.bundled import BUNDLED_MODEL
 from rlcoach.dataset import iterate_dataset
 from rlcoach.errors import ConfigError
 from rlcoach.gather import gather_trajectory_groups
-from rlcoach.integrations.mcp.agent import AgentConfig, build_demonstration, run_agent
+from rlcoach.integrations.mcp.agent import (
+    AgentConfig,
+    Check,
+    Example,
+    build_demonstration,
+    run_agent,
+    tool_use_check,
+)
 from rlcoach.integrations.mcp.connection import ServerSpec, connect
 from rlcoach.integrations.mcp.tools import ToolSet, convert_tools
 from rlcoach.model import Model, TrainableModel
 from rlcoach.paths import append_jsonl, write_text_atomic
-from rlcoach.types import Message, TrajectoryGroup
+from rlcoach.types import Message, TrajectoryGroup, save_groups
 from rlcoach.usage import ModelUsage
 
-__all__ = ["Discovery", "MCPTrainConfig", "discover", "summarize", "train_on_server"]
+__all__ = ["Discovery", "MCPTrainConfig", "discover", "load_check", "summarize",
+           "tool_source", "train_on_server"]  # fmt: skip
 
 PROJECT = "mcp"
 
@@ -73,11 +81,15 @@ class MCPTrainConfig(BaseModel):
     agent: AgentConfig = Field(default_factory=AgentConfig)
     demonstration: bool = True
     """Put a worked example from a real call before each task (small models need it)."""
+    examples: list[Example] = Field(default_factory=list)
+    """Worked examples to use instead of the automatic one (run against the server)."""
     generator: Endpoint | None = None
     """Writes the scenarios; default: the base model on the local engine (weak)."""
     judge: Endpoint | None = None
     """RULER's judge; without one the reward is the agent's check alone."""
     judge_weight: float = Field(0.5, ge=0.0, le=1.0)
+    check: str | None = None
+    """`module:function` scoring an `AgentRun` in [0, 1]; default `tool_use_check`."""
     learning_rate: float = Field(1e-3, gt=0.0)
     seed: int = 0
     engine: str = "vllm"
@@ -103,7 +115,26 @@ def _log(line: str) -> None:
     tqdm.write(line)
 
 
+def load_check(path: str) -> Check:
+    """The check function named by `module:function` (e.g. `my_pkg.checks:order_placed`)."""
+    import importlib
+
+    module_name, sep, attribute = path.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ConfigError(f"check={path!r} is not `module:function`, e.g. "
+                          "`my_checks:order_placed`")  # fmt: skip
+    try:
+        function = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"check={path!r} cannot be loaded ({e}); make the module importable "
+                          "(on PYTHONPATH or installed) and name a function in it") from e
+    if not callable(function):
+        raise ConfigError(f"check={path!r} is a {type(function).__name__}, not a function")
+    return function
+
+
 async def discover(spec: ServerSpec, *, demonstration: bool = True,
+                   examples: list[Example] | None = None,
                    context_chars: int = 3000) -> Discovery:  # fmt: skip
     """Connect, list tools/resources/prompts, read text resources, build the example."""
     async with connect(spec) as server:
@@ -124,9 +155,18 @@ async def discover(spec: ServerSpec, *, demonstration: bool = True,
     example: list[Message] = []
     if demonstration:
         async with connect(spec) as server:  # a throwaway session: the call may change state
-            example = await build_demonstration(server, tools)
+            example = await build_demonstration(server, tools, examples or ())
     return Discovery(name, instructions, tools, [str(r.uri) for r in resources],
                      [p.name for p in prompts], "\n\n".join(parts)[:context_chars], example)
+
+
+async def tool_source(target: str) -> tuple[list[Any], str | None]:
+    """(OpenAI tools, resource context) of a server given as a launch command or an
+    http(s) URL: AutoRL's `--mcp` finds this through the `rlcoach.tool_sources` entry point."""
+    is_url = target.startswith(("http://", "https://"))
+    spec = ServerSpec(url=target) if is_url else ServerSpec.from_command(target)
+    found = await discover(spec, demonstration=False)
+    return found.tools.tools, found.context or None
 
 
 def summarize(groups: list[TrajectoryGroup]) -> dict[str, float]:
@@ -181,12 +221,12 @@ async def _scenarios(config: MCPTrainConfig, found: Discovery, backend: LocalBac
 
 
 async def _rollouts(model: TrainableModel, config: MCPTrainConfig, found: Discovery,
-                    scenarios: list[InputRecord], samples: int, description: str,
-                    after_each: Any = None) -> list[TrajectoryGroup]:  # fmt: skip
+                    check: Check, scenarios: list[InputRecord], samples: int,
+                    description: str, after_each: Any = None) -> list[TrajectoryGroup]:  # fmt: skip
     client = model.openai_client()
     return await gather_trajectory_groups(
         ([run_agent(model, client, config.server, s, found.tools, config=config.agent,
-                    demonstration=found.demonstration) for _ in range(samples)]
+                    demonstration=found.demonstration, check=check) for _ in range(samples)]
          for s in scenarios),
         description=description, progress=config.progress, after_each=after_each,
         max_concurrency=8, max_failure_fraction=1.0,
@@ -219,16 +259,20 @@ def _markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-async def train_on_server(config: MCPTrainConfig,
-                          backend: LocalBackend | None = None) -> dict[str, Any]:  # fmt: skip
+async def train_on_server(config: MCPTrainConfig, backend: LocalBackend | None = None, *,
+                          check: Check | None = None) -> dict[str, Any]:  # fmt: skip
     """Run the whole job (see the module docstring); returns the report.
 
     With `backend` (already started, e.g. shared by several jobs) the job uses it and
     leaves it running; otherwise it starts one under `config.root` and closes it.
+    `check` (a function) takes precedence over `config.check` (an import path).
     """
     started = time.perf_counter()
+    if check is None:
+        check = load_check(config.check) if config.check else tool_use_check
     _log(f"discovering {config.server.label}")
-    found = await discover(config.server, demonstration=config.demonstration)
+    found = await discover(config.server, demonstration=config.demonstration,
+                           examples=config.examples)  # fmt: skip
     for name, why in found.tools.skipped:
         _log(f"skipped tool {name}: {why}")
     _log(f"{len(found.tools.tools)} tools: {', '.join(found.tools.names)}; "
@@ -266,8 +310,9 @@ async def train_on_server(config: MCPTrainConfig,
              f"{paths.dir / 'scenarios'}")  # fmt: skip
 
         async def evaluate(label: str) -> dict[str, float]:
-            groups = await _rollouts(model, config, found, held_out, config.eval_samples,
+            groups = await _rollouts(model, config, found, check, held_out, config.eval_samples,
                                      f"eval {model.served_name}")  # fmt: skip
+            save_groups(paths.dir / f"eval_{label.split()[0]}.jsonl", groups)
             result = summarize(groups)
             _log(f"held-out {label}: success {result['success']:.3f} reward "
                  f"{result['reward']:.3f} tool-call error rate {result['tool_error_rate']:.3f}")
@@ -280,7 +325,7 @@ async def train_on_server(config: MCPTrainConfig,
         for batch in batches:
             if batch.step >= config.steps:
                 break
-            groups = await _rollouts(model, config, found, batch.items, config.group_size,
+            groups = await _rollouts(model, config, found, check, batch.items, config.group_size,
                                      f"step {batch.step + 1}/{config.steps} rollouts", hook)
             row: dict[str, Any] = {"step": batch.step + 1, **summarize(groups)}
             result = await model.train(groups)
@@ -301,8 +346,9 @@ async def train_on_server(config: MCPTrainConfig,
         "skipped_tools": [list(s) for s in found.tools.skipped],
         "scenarios": {"train": len(train), "eval": len(held_out),
                       "source": str(config.scenarios_file or "generated")},
-        "reward": (f"RULER ({config.judge.model}) x {config.judge_weight} + check"
-                   if config.judge else "check (tool_use_check)"),
+        "reward": (f"{config.judge_weight} x RULER ({config.judge.model}) + "
+                   f"{1 - config.judge_weight:g} x {getattr(check, '__name__', 'check')}"
+                   if config.judge else getattr(check, "__name__", "check")),
         "eval_before": before, "eval_after": after, "steps": steps,
         "lora": str(latest[1]) if latest else None, "generator_usage": usage.model_dump(),
         "minutes": (time.perf_counter() - started) / 60, "run_dir": str(paths.dir),

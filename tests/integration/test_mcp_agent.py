@@ -9,12 +9,14 @@ them, the gateway records them, the server runs the call and the trainer learns 
 """
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from rlcoach import TrainableModel, gather_trajectory_groups
+from rlcoach import TrainableModel, gather_trajectory_groups, load_groups
+from rlcoach.autorl import load_records
 from rlcoach.integrations.mcp import ServerSpec, connect, convert_tools
 from rlcoach.integrations.mcp.agent import build_demonstration, run_agent
 from rlcoach.integrations.mcp.train import MCPTrainConfig, train_on_server
@@ -129,6 +131,9 @@ async def test_train_on_server_writes_a_report(agent, vllm_backend, tmp_path):
     assert saved == report and saved["tools"][0] == "search_items"
     assert saved["scenarios"]["train"] >= 1 and saved["scenarios"]["eval"] >= 1
     assert (folder / "scenarios" / "train.jsonl").is_file()
+    for when in ("before", "after"):  # the held-out rollouts, for reading them back
+        groups = load_groups(folder / f"eval_{when}.jsonl")
+        assert len(groups) == saved["scenarios"]["eval"]
     [step] = saved["steps"]
     assert step["rollouts"] == 2 * config.scenarios_per_step and step["served"].startswith(
         "inventory-job@")  # fmt: skip
@@ -136,3 +141,20 @@ async def test_train_on_server_writes_a_report(agent, vllm_backend, tmp_path):
         assert 0.0 <= saved["eval_before"][key] <= 1.0 and 0.0 <= saved["eval_after"][key] <= 1
     assert "| step | reward |" in (folder / "report.md").read_text()
     assert (saved["lora"] is not None) == step["trained"]
+
+
+def test_autorl_cli_writes_scenarios_for_an_mcp_server(policy, tmp_path):
+    """`rlcoach autorl generate --mcp`: AutoRL reaches the server through the plugin."""
+    server = f"{sys.executable} -m rlcoach.integrations.mcp.inventory"
+    command = [str(Path(sys.executable).with_name("rlcoach")), "autorl", "generate",
+               "--mcp", server, "--n", "4", "--out", str(tmp_path / "data"),
+               "--generator-url", policy.api_base, "--batch-size", "4",
+               "--no-system-prompt"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    manifest = json.loads((tmp_path / "data" / "dataset.json").read_text())
+    assert manifest["mcp"] == server and manifest["tools"][:2] == ["search_items", "get_item"]
+    records = [*load_records(tmp_path / "data" / "train.jsonl"),
+               *load_records(tmp_path / "data" / "eval.jsonl")]  # fmt: skip
+    assert len(records) == 4 and {r.metadata["kind"] for r in records} == {"scenario"}
+    assert "5 tools from" in done.stderr
