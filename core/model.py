@@ -29,10 +29,14 @@ if TYPE_CHECKING:
 __all__ = ["Model", "TrainableModel"]
 
 
-async def _tag_rollout(request: httpx.Request) -> None:
+def _tag_rollout_sync(request: httpx.Request) -> None:
     rollout_id = current_rollout_id()
     if rollout_id is not None and ROLLOUT_HEADER not in request.headers:
         request.headers[ROLLOUT_HEADER] = rollout_id
+
+
+async def _tag_rollout(request: httpx.Request) -> None:
+    _tag_rollout_sync(request)
 
 
 class Model:
@@ -84,6 +88,26 @@ class Model:
         """The OpenAI-compatible base URL (`.../v1`) requests go to."""
         return self._endpoint()
 
+    @property
+    def api_key(self) -> str:
+        """The key to send (read from the environment now; `none` when not needed)."""
+        return self._api_key()
+
+    def http_client(self, *, record: bool = True) -> httpx.AsyncClient:
+        """The httpx client behind `openai_client()`: tags calls with the current rollout."""
+        return httpx.AsyncClient(**self._http_options([_tag_rollout] if record else []))
+
+    def sync_http_client(self, *, record: bool = True) -> httpx.Client:
+        """The same for synchronous callers (a LangChain `invoke` in a worker thread)."""
+        return httpx.Client(**self._http_options([_tag_rollout_sync] if record else []))
+
+    def _http_options(self, hooks: list[Any]) -> dict[str, Any]:
+        return {
+            "event_hooks": {"request": hooks},
+            "timeout": httpx.Timeout(self.timeout_s),
+            "limits": httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        }
+
     def openai_client(self, *, record: bool = True, **kwargs: Any) -> AsyncOpenAI:
         """An `AsyncOpenAI` for this model; calls inside a rollout scope are recorded.
 
@@ -92,17 +116,12 @@ class Model:
         """
         from openai import AsyncOpenAI
 
-        http_client = httpx.AsyncClient(
-            event_hooks={"request": [_tag_rollout] if record else []},
-            timeout=httpx.Timeout(self.timeout_s),
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
-        )
         return AsyncOpenAI(
             base_url=self._endpoint(),
             api_key=self._api_key(),
             max_retries=self.max_retries,
             timeout=self.timeout_s,
-            http_client=http_client,
+            http_client=self.http_client(record=record),
             **kwargs,
         )
 

@@ -1,0 +1,25 @@
+"""LangGraph apps (`rlcoach.integrations.langgraph`, extra `[langgraph]`): train a graph as it is.
+
+    from rlcoach.integrations.langgraph import chat_model, rollout
+
+    llm = chat_model(policy)                       # a ChatOpenAI on the policy endpoint
+    graph = build_my_graph(llm)                     # the user's own, unmodified code
+    async with rollout(policy, task=task_id) as scope:
+        state = await graph.ainvoke({"messages": [("user", question)]})
+        scope.record_state(state)                   # trailing tool results, tool errors
+        scope.reward = my_reward(state)
+    trajectory = scope.trajectory                   # every policy call, exact tokens
+
+Nodes that should stay on a fixed model get `chat_model(Model(...))`: those calls are
+not recorded, so only the policy's calls are trained.
+"""
+
+from rlcoach.integrations.langgraph.chat import chat_model
+from rlcoach.integrations.langgraph.scope import (
+    GraphRollout,
+    rollout,
+    rollout_fn,
+    to_openai_messages,
+)
+
+__all__ = ["GraphRollout", "chat_model", "rollout", "rollout_fn", "to_openai_messages"]

@@ -1,0 +1,118 @@
+"""The rollout scope for a LangGraph run, and what the graph's final state adds to it.
+
+    async with rollout(policy, question_id=7) as scope:
+        state = await graph.ainvoke({"messages": [("user", question)]})
+        scope.record_state(state)
+        scope.reward = judge(state)
+
+The calls are captured by the gateway (see `chat.py`); on exit the recorded exchanges
+become the trajectory: the longest conversation is the main history, calls that do not
+extend it (sub-agents, summarisers, routers) are additional histories. What the gateway
+cannot see is what happened after the last policy call — tool results of a run cut off by
+`recursion_limit`, a final node's output — so `record_state` appends the graph's own
+messages after the policy's last reply to the main history, as the graph produced them (tool errors
+included), and counts its tool calls and tool errors. The trainer ignores those trailing
+messages (it trains sampled tokens only); a RULER judge reads them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
+
+from rlcoach import Rollout, Trajectory
+from rlcoach.recording import message_key
+
+if TYPE_CHECKING:
+    from rlcoach import TrainableModel
+    from rlcoach.types import Message, Scalar
+
+__all__ = ["GraphRollout", "rollout", "rollout_fn", "to_openai_messages"]
+
+P = ParamSpec("P")
+
+
+def to_openai_messages(messages: Sequence[Any]) -> list[Message]:
+    """LangChain messages (or OpenAI dicts, or `(role, text)` pairs) as OpenAI dicts."""
+    from langchain_core.messages import convert_to_openai_messages
+
+    return list(convert_to_openai_messages(list(messages)))
+
+
+def _state_messages(state: Mapping[str, Any] | Sequence[Any]) -> Sequence[Any]:
+    if isinstance(state, Mapping):
+        if "messages" not in state:
+            raise ValueError(
+                f"record_state() got a state with keys {sorted(state)} and no 'messages'; "
+                "pass the list of messages itself, e.g. record_state(state['my_messages'])"
+            )
+        return state["messages"]
+    return state
+
+
+class GraphRollout(Rollout):
+    """A `Rollout` that also takes the graph's final messages (see the module docstring)."""
+
+    def __init__(self, source: Any, **metadata: Scalar) -> None:
+        super().__init__(source, **metadata)
+        self._final: list[Message] = []
+
+    def record_state(self, state: Mapping[str, Any] | Sequence[Any]) -> None:
+        """Keep the graph's final messages; counts `tool_calls` and `tool_errors` metrics."""
+        messages = list(_state_messages(state))
+        self._final = to_openai_messages(messages)
+        calls = sum(len(getattr(m, "tool_calls", None) or []) for m in messages)
+        errors = sum(getattr(m, "status", None) == "error" for m in messages)
+        self.metrics["tool_calls"] = float(calls)
+        self.metrics["tool_errors"] = float(errors)
+
+    async def collect(self) -> Trajectory:
+        trajectory = await super().collect()
+        if not self._final or not trajectory.choices:
+            return trajectory
+        # The graph's state may lack what a node prepends (a system prompt, examples) or
+        # trims, so align on the policy's last reply, not on the start of the history.
+        last = message_key(trajectory.messages[-1])
+        keys = [message_key(m) for m in self._final]
+        if last in keys:
+            after = len(keys) - keys[::-1].index(last)
+            trajectory.messages = [*trajectory.messages, *self._final[after:]]
+        else:
+            self.log("record_state: the policy's last reply is not among the graph's final "
+                     "messages; nothing was appended to the main conversation")  # fmt: skip
+        return trajectory
+
+
+def rollout(model: TrainableModel, **metadata: Scalar) -> GraphRollout:
+    """A scope whose policy calls (from any `chat_model(model)` inside it) become one trajectory."""
+    return GraphRollout(model.backend, **metadata)
+
+
+def rollout_fn(
+    model: TrainableModel, **metadata: Scalar
+) -> Callable[[Callable[Concatenate[GraphRollout, P], Awaitable[Any]]],
+              Callable[P, Awaitable[Trajectory]]]:  # fmt: skip
+    """Make `async def attempt(scope, *args)` a rollout per call that returns its Trajectory.
+
+        @rollout_fn(policy)
+        async def attempt(scope, question):
+            state = await graph.ainvoke({"messages": [("user", question)]})
+            scope.record_state(state)
+            scope.reward = score(question, state)
+
+        groups = await gather_trajectory_groups([attempt(q) for _ in range(8)] for q in qs)
+    """
+
+    def wrap(
+        function: Callable[Concatenate[GraphRollout, P], Awaitable[Any]],
+    ) -> Callable[P, Awaitable[Trajectory]]:
+        @functools.wraps(function)
+        async def run(*args: P.args, **kwargs: P.kwargs) -> Trajectory:
+            async with rollout(model, **metadata) as scope:
+                await function(scope, *args, **kwargs)
+            return scope.trajectory
+
+        return run
+
+    return wrap
