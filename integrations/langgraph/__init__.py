@@ -6,7 +6,7 @@
     graph = build_my_graph(llm)                     # the user's own, unmodified code
     async with rollout(policy, task=task_id) as scope:
         state = await graph.ainvoke({"messages": [("user", question)]})
-        scope.record_state(state)                   # trailing tool results, tool errors
+        scope.record_state(state)                   # what followed the last call
         scope.reward = my_reward(state)
     trajectory = scope.trajectory                   # every policy call, exact tokens
 

@@ -6,13 +6,13 @@
         scope.reward = judge(state)
 
 The calls are captured by the gateway (see `chat.py`); on exit the recorded exchanges
-become the trajectory: the longest conversation is the main history, calls that do not
-extend it (sub-agents, summarisers, routers) are additional histories. What the gateway
-cannot see is what happened after the last policy call — tool results of a run cut off by
-`recursion_limit`, a final node's output — so `record_state` appends the graph's own
-messages after the policy's last reply to the main history, as the graph produced them (tool errors
-included), and counts its tool calls and tool errors. The trainer ignores those trailing
-messages (it trains sampled tokens only); a RULER judge reads them.
+become the trajectory: the conversation with the most policy calls is the main history,
+calls that do not extend it (sub-agents, summarisers, routers) are additional histories.
+What the gateway cannot see is what happened after the last policy call (tool results of
+a run cut off by `recursion_limit`, a final node's output), so `record_state` appends
+the graph's messages after the policy's last reply to the main history, as the graph
+produced them (tool errors included), and counts tool calls and tool errors. The trainer
+ignores those messages (it trains sampled tokens only); a RULER judge reads them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every example runs, with a tiny step budget (the transformers engine: no second vLLM)."""
+"""Every example runs, with a tiny step budget (the transformers engine, where it can)."""
 
 import subprocess
 import sys
@@ -8,12 +8,15 @@ import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # Shrink what an example does beyond its steps, so each runs in about a minute.
-# The AutoRL example needs constrained JSON decoding from its generator: vLLM, not
-# transformers.
+# The AutoRL and LangGraph examples need constrained JSON decoding from their generator:
+# vLLM, not transformers.
 SMALL = {
     "ruler_calculator.py": ["--eval-questions", "1", "--questions", "1", "--group-size", "2"],
     "autorl_task.py": ["--engine", "vllm", "--inputs", "6", "--inputs-per-step", "1",
                        "--group-size", "2", "--max-tokens", "16"],
+    "langgraph_sqlite.py": ["--engine", "vllm", "--questions", "4", "--questions-per-step",
+                            "1", "--group-size", "2", "--eval-questions", "1",
+                            "--eval-samples", "1", "--max-tokens", "24"],
 }
 
 
