@@ -135,9 +135,14 @@ Check = Callable[[AgentRun], float | bool | Awaitable[float | bool]]
 
 def tool_use_check(run: AgentRun) -> float:
     """Server-agnostic score: 0.5 for a successful call, 0.3 for then giving a final
-    answer, 0.2 for making no rejected or failed calls (only when a call succeeded)."""
+    answer, 0.2 for making no rejected or failed calls (only when a call succeeded).
+
+    A rollout whose calls were all rejected or failed gets 0.1: it used the tool-call
+    format, which a small model's first attempts often do not, so GRPO has a gradient
+    towards calling tools before any call succeeds (a strict reward on a policy that
+    almost never calls starts at zero variance and cannot learn)."""
     if not run.count("ok"):
-        return 0.0
+        return 0.1 if run.calls else 0.0
     clean = run.count("tool_error") + run.count("rejected") == 0
     return 0.5 + 0.3 * run.finished + 0.2 * clean
 

@@ -48,7 +48,8 @@ def test_tool_use_check_rewards_a_clean_successful_call_then_an_answer():
     assert tool_use_check(run("ok")) == 1.0
     assert tool_use_check(run("ok", answer=None)) == pytest.approx(0.7)
     assert tool_use_check(run("rejected", "ok")) == pytest.approx(0.8)
-    assert tool_use_check(run("tool_error")) == 0.0
+    assert tool_use_check(run("tool_error")) == pytest.approx(0.1)  # tried the format
+    assert tool_use_check(run("rejected", "timeout")) == pytest.approx(0.1)
     assert tool_use_check(run()) == 0.0  # answered without a tool
 
 
