@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rlcoach.paths import write_text_atomic
 
 __all__ = [
+    "ChatRecord",
     "History",
     "Message",
     "RolloutFailure",
@@ -180,6 +181,32 @@ class TrajectoryGroup(BaseModel):
     @property
     def rewards(self) -> list[float]:
         return [t.reward for t in self.trajectories]
+
+
+class ChatRecord(BaseModel):
+    """A conversation to imitate (supervised fine-tuning), e.g. one line of a JSONL file.
+
+    Unlike a `Trajectory`, it carries no sampled tokens: the trainer renders it with the
+    model's chat template and trains on the assistant turns."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    messages: list[Message]
+    """The conversation; every assistant message is a training target."""
+    tools: list[Tool] | None = None
+    """The tools offered, rendered into the prompt as the engine would."""
+    metadata: dict[str, Scalar] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _has_roles(self) -> ChatRecord:
+        for index, message in enumerate(self.messages):
+            if not isinstance(message, dict) or message.get("role") not in {
+                "system", "user", "assistant", "tool", "developer"}:  # fmt: skip
+                raise ValueError(
+                    f"message {index} ({str(message)[:80]!r}) has no valid role; fix: give "
+                    "every message a role of system, user, assistant or tool"
+                )
+        return self
 
 
 def save_groups(path: str | os.PathLike[str], groups: Iterable[TrajectoryGroup]) -> Path:

@@ -1,0 +1,220 @@
+"""Supervised fine-tuning of the LoRA, on the same sequences and masks as RL.
+
+SFT trains the policy's adapter to imitate given conversations: warm-up before RL (RL
+cannot start from a model that never succeeds), distillation from a stronger teacher, or
+a user's own chat logs. It shares everything with the GRPO step but the objective:
+
+- **Sequences.** A `Trajectory` recorded by the policy endpoint trains on the exact token
+  ids the engine sampled (`build_sequences`, the RL path). Anything else — a JSONL chat
+  record, a teacher's trajectory that carries only messages — is rendered with the
+  model's own chat template (the one the engine serves with, so SFT and sampling see the
+  same tokens), turn by turn: assistant turn `i` is trained on the tokens that
+  `messages[:i + 1]` adds to the prompt `messages[:i]` ends with (generation prompt
+  included, so the turn's end-of-message token is trained too). System, user and tool
+  tokens are context only. A template that re-renders earlier turns differently (one
+  that drops old reasoning blocks, say) starts a new sequence, as in RL.
+- **Loss.** Token-level negative log-likelihood, summed over a mini-batch's assistant
+  tokens and divided by their count (every token weighs the same, whatever sequence it is
+  in); micro-batching changes memory, not the result.
+- **Batches.** `batch_size` sequences per optimizer step, shuffled each epoch with
+  `seed`; packed rows and chunked log-probs as in RL (`LoraTrainer.row_logprobs`).
+
+The optimizer is the trainer's own AdamW, so SFT and RL steps on one model continue one
+optimizer state, and the backend numbers SFT checkpoints in the same step sequence.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from rlcoach.errors import TrainingDataError
+from rlcoach.trainer.sequences import TrainSequence, build_sequences, pack_sequences
+from rlcoach.types import ChatRecord, Trajectory
+
+if TYPE_CHECKING:
+    from rlcoach.trainer.lora import LoraTrainer
+
+__all__ = ["SFTConfig", "SFTStats", "chat_sequences", "sft_loss", "sft_sequences", "sft_train"]
+
+logger = logging.getLogger(__name__)
+
+
+class SFTConfig(BaseModel):
+    """Supervised fine-tuning: epochs, batch, optimizer."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    epochs: int = Field(1, ge=1)
+    batch_size: int = Field(8, ge=1)
+    """Sequences per optimizer step."""
+    learning_rate: float = Field(2e-4, gt=0.0, le=1.0)
+    micro_batch_tokens: int = Field(1024, ge=64)
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    seed: int = 0
+    """Shuffles the sequences each epoch (a pure function of the seed and the epoch)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SFTStats:
+    """What one SFT run did (plain numbers, ready for a metrics sink)."""
+
+    trained: bool
+    examples: int
+    sequences: int
+    optimizer_steps: int
+    trained_tokens: int
+    total_tokens: int
+    loss_first: float
+    """Mean NLL per trained token of the first optimizer step (before it updated)."""
+    loss_last: float
+    """The same for the last optimizer step."""
+    loss: float
+    """Mean over all optimizer steps."""
+    grad_norm: float
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+            generation_prompt: bool) -> list[int]:  # fmt: skip
+    ids = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=True,
+                                        add_generation_prompt=generation_prompt,
+                                        return_dict=False)  # fmt: skip
+    if ids and isinstance(ids[0], list):
+        ids = ids[0]
+    return [int(i) for i in ids]
+
+
+def chat_sequences(record: ChatRecord, tokenizer: Any, source: str = "") -> list[TrainSequence]:
+    """A chat record as training sequences: assistant turns trained, the rest context."""
+    messages = [dict(m) for m in record.messages]
+    sequences: list[TrainSequence] = []
+    ids: list[int] = []
+    mask: list[int] = []
+    for index, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        prompt = _render(tokenizer, messages[:index], record.tools, generation_prompt=True)
+        full = _render(tokenizer, messages[: index + 1], record.tools, generation_prompt=False)
+        if full[: len(prompt)] != prompt or len(full) == len(prompt):
+            raise TrainingDataError(
+                f"chat record {source or '?'}: assistant turn {index} does not render as an "
+                "extension of its prompt with this chat template, so its tokens cannot be "
+                "told apart from the prompt; fix: check the record's roles and the template"
+            )
+        if ids and prompt[: len(ids)] == ids:
+            context = prompt[len(ids) :]
+        else:
+            if ids:
+                sequences.append(TrainSequence(ids, mask, [0.0] * len(ids), 1.0, source))
+            ids, mask, context = [], [], prompt
+        reply = full[len(prompt) :]
+        ids = ids + context + reply
+        mask = mask + [0] * len(context) + [1] * len(reply)
+    if ids:
+        sequences.append(TrainSequence(ids, mask, [0.0] * len(ids), 1.0, source))
+    if not sequences:
+        raise TrainingDataError(
+            f"chat record {source or '?'} has no assistant message, so there is nothing to "
+            "imitate; fix: include the assistant turns the model should learn"
+        )
+    return sequences
+
+
+def sft_sequences(data: Iterable[Trajectory | ChatRecord], tokenizer: Any) -> list[TrainSequence]:
+    """Training sequences for SFT: exact sampled tokens where recorded, else the template."""
+    sequences: list[TrainSequence] = []
+    for position, item in enumerate(data):
+        if isinstance(item, Trajectory) and item.choices:
+            sequences += build_sequences(item, 1.0)
+        elif isinstance(item, Trajectory):
+            record = ChatRecord(messages=item.messages, tools=item.tools)
+            sequences += chat_sequences(record, tokenizer, item.id)
+        elif isinstance(item, ChatRecord):
+            sequences += chat_sequences(item, tokenizer, f"#{position}")
+        else:
+            raise TrainingDataError(
+                f"SFT item #{position} is a {type(item).__name__}; fix: pass Trajectory or "
+                "ChatRecord objects (`ChatRecord(messages=[...], tools=[...])`)"
+            )
+    return sequences
+
+
+def sft_loss(logprobs_T: torch.Tensor, mask_T: torch.Tensor, normalizer: float) -> torch.Tensor:
+    """Negative log-likelihood of the masked tokens, divided by `normalizer`."""
+    return -(logprobs_T * mask_T).sum() / normalizer
+
+
+def _batches(sequences: Sequence[TrainSequence], config: SFTConfig) -> list[list[TrainSequence]]:
+    batches = []
+    for epoch in range(config.epochs):
+        order = list(range(len(sequences)))
+        random.Random(config.seed * 1_000_003 + epoch).shuffle(order)
+        for start in range(0, len(order), config.batch_size):
+            batches.append([sequences[i] for i in order[start : start + config.batch_size]])
+    return batches
+
+
+def sft_train(trainer: LoraTrainer, sequences: Sequence[TrainSequence], config: SFTConfig,
+              examples: int | None = None, progress: bool = False) -> SFTStats:  # fmt: skip
+    """Run `config.epochs` over `sequences` with the trainer's model and optimizer."""
+    started = time.perf_counter()
+    trainable = [s for s in sequences if s.sampled_tokens > 0]
+    if not trainable:
+        return SFTStats(False, examples or 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0,
+                        time.perf_counter() - started)  # fmt: skip
+    batches = _batches(trainable, config)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(batches), desc="sft", unit="step")
+    losses, norms = [], []
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+    trainer.model.train()
+    try:
+        for batch in batches:
+            for group in trainer.optimizer.param_groups:
+                group["lr"] = config.learning_rate
+            normalizer = float(sum(s.sampled_tokens for s in batch))
+            trainer.optimizer.zero_grad(set_to_none=True)
+            batch_loss = 0.0
+            for row in pack_sequences(batch, config.micro_batch_tokens):
+                logprobs_T = trainer.row_logprobs(row)
+                loss = sft_loss(logprobs_T, row.sampled_mask_T[1:].to(logprobs_T.device),
+                                normalizer)  # fmt: skip
+                loss.backward()
+                batch_loss += float(loss.detach())
+            norms.append(float(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)))
+            trainer.optimizer.step()
+            losses.append(batch_loss)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{batch_loss:.3f}")
+    finally:
+        trainer.model.eval()
+        if bar is not None:
+            bar.close()
+    return SFTStats(
+        trained=True,
+        examples=examples if examples is not None else len({s.trajectory_id for s in trainable}),
+        sequences=len(trainable),
+        optimizer_steps=len(losses),
+        trained_tokens=sum(s.sampled_tokens for s in trainable),
+        total_tokens=sum(len(s.token_ids) for s in trainable),
+        loss_first=losses[0],
+        loss_last=losses[-1],
+        loss=sum(losses) / len(losses),
+        grad_norm=sum(norms) / len(norms),
+        seconds=time.perf_counter() - started,
+    )
