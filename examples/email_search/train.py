@@ -1,0 +1,107 @@
+"""Email search (ART•E style): answer questions from a mailbox with FTS5 search tools.
+
+    .venv/bin/python examples/email_search/train.py                   # CPU budget, minutes
+    .venv/bin/python examples/email_search/train.py --steps 100 --group-size 16 \\
+        --tasks-per-step 8 --max-turns 8 --base-model /models/Qwen3-4B   # a GPU budget
+
+The agent gets a question ("What gate does my flight to Oslo leave from?") and two tools
+over a generated mailbox in SQLite (`mailbox.py`): `search_emails` (FTS5, BM25 order) and
+`read_email`. Each turn goes through the policy's OpenAI-compatible endpoint with
+`tools=`, inside a `model.rollout(...)` scope, so every sampled token is recorded; a
+reply without a tool call is the final answer. The reward is tiered: the right answer,
+from the right source (the email that holds it was read), in few turns, with partial
+credit for reading or finding the right email. One worked example in the prompt (search,
+read, answer, on an email no question asks about) shows the bundled 135M model the
+calls; held-out questions are about emails that training never asks about.
+"""
+
+import asyncio
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from email_search.mailbox import TOOLS, Mailbox, Question, Trace, answer_right, call_tool, generate
+from email_search.mailbox import reward as tiered_reward
+from gallery import loop
+
+SYSTEM = ("You answer questions about the user's emails. Search the mailbox with "
+          "search_emails, read the best match with read_email, then answer in one short "
+          "sentence.")  # fmt: skip
+
+
+def worked_example(mailbox: Mailbox, question: Question) -> list[dict]:
+    """search -> read -> answer on `question`, with the mailbox's real tool results."""
+    trace = Trace()
+    calls = [("search_emails", f'{{"query": "{question.keywords}"}}'),
+             ("read_email", f'{{"id": {question.email_id}}}')]  # fmt: skip
+    messages: list[dict] = [{"role": "user", "content": question.text}]
+    for n, (name, arguments) in enumerate(calls):
+        messages.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"call_{n}", "type": "function",
+             "function": {"name": name, "arguments": arguments}}]})  # fmt: skip
+        messages.append({"role": "tool", "tool_call_id": f"call_{n}",
+                         "content": call_tool(mailbox, name, arguments, trace)})  # fmt: skip
+    assert question.email_id in trace.found, "the example's search must find its email"
+    messages.append({"role": "assistant", "content": f"The answer is {question.answer}."})
+    return messages
+
+
+def make_attempt(mailbox: Mailbox, example: list[dict], max_turns: int, max_tokens: int):
+    async def attempt(model, client, question: Question):
+        trace = Trace()
+        final_text, turns = None, 0
+        async with model.rollout(email=question.email_id) as rollout:
+            messages = [{"role": "system", "content": SYSTEM}, *example,
+                        {"role": "user", "content": question.text}]  # fmt: skip
+            for _ in range(max_turns):
+                reply = await client.chat.completions.create(
+                    model=model.served_name, messages=messages, tools=TOOLS,
+                    max_tokens=max_tokens, temperature=1.0)  # fmt: skip
+                turns += 1
+                message = reply.choices[0].message
+                messages.append(message.model_dump(exclude_none=True))
+                if not message.tool_calls:
+                    final_text = message.content
+                    break
+                for call in message.tool_calls:
+                    result = call_tool(mailbox, call.function.name, call.function.arguments,
+                                       trace)  # fmt: skip
+                    messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+            rollout.reward = tiered_reward(question, trace, final_text, turns)
+            right = answer_right(question, final_text)
+            rollout.metrics["success"] = float(right and question.email_id in trace.read)
+            rollout.metrics["right_answer"] = float(right)
+            rollout.metrics["right_source"] = float(question.email_id in trace.read)
+            rollout.metrics["turns"] = float(turns)
+            rollout.log(f"final answer {final_text!r}; expected {question.answer!r}")
+        return rollout.trajectory
+
+    return attempt
+
+
+def main() -> None:
+    parser = loop.parser(__doc__.splitlines()[0], steps=4, tasks_per_step=2, group_size=6,
+                         eval_tasks=12)  # fmt: skip
+    parser.add_argument("--max-turns", type=int, default=4, help="policy calls per question")
+    parser.add_argument("--max-tokens", type=int, default=48, help="tokens per policy call")
+    args = parser.parse_args()
+    emails, questions = generate(args.seed)
+    mailbox = Mailbox.create(Path(args.root) / "email-search" / f"mailbox-{args.seed}.sqlite3",
+                             emails)  # fmt: skip
+    example_question, *rest = questions
+    random.Random(args.seed).shuffle(rest)
+    held_out, training = rest[: args.eval_tasks], rest[args.eval_tasks :]
+    try:
+        asyncio.run(loop.run(
+            args, name="email-search", title="Email search over an FTS5 mailbox (GRPO)",
+            attempt=make_attempt(mailbox, worked_example(mailbox, example_question),
+                                 args.max_turns, args.max_tokens),
+            training=training, held_out=held_out))  # fmt: skip
+    finally:
+        mailbox.close()
+
+
+if __name__ == "__main__":
+    main()
