@@ -8,6 +8,10 @@ worker thread, writes the adapter to a temp folder renamed to
 `<root>/<project>/<model>/checkpoints/<step>/`, publishes it to the engine and bumps
 the model's step. On a CPU, rollouts and training never overlap: `train` is only called
 between gathers, and the engine sits idle while the trainer runs.
+
+Each registered model gets a `SinkSet` (sinks.py): the disk record (trajectories before
+the step, a line of `metrics.jsonl` after it) and the plug-ins the `sinks` config names
+or the environment asks for (Langfuse, W&B), which never block or fail a step.
 """
 
 from __future__ import annotations
@@ -26,9 +30,18 @@ from rlcoach.config import EngineConfig, TrainConfig, parse_config
 from rlcoach.engines.base import Engine
 from rlcoach.errors import CheckpointError, ConfigError
 from rlcoach.gateway import Gateway
-from rlcoach.paths import DEFAULT_ROOT, RunPaths, append_jsonl
+from rlcoach.paths import DEFAULT_ROOT, RunPaths
 from rlcoach.router import Router
-from rlcoach.types import TrajectoryGroup, save_groups
+from rlcoach.sinks import (
+    Sink,
+    SinkConfig,
+    SinkSet,
+    open_sinks,
+    resolve_sinks,
+    rollout_metrics,
+    run_info,
+)
+from rlcoach.types import TrajectoryGroup
 
 if TYPE_CHECKING:
     from rlcoach.model import TrainableModel
@@ -72,7 +85,11 @@ class LocalBackend:
     """Serve and train models on this machine."""
 
     def __init__(self, root: str | os.PathLike[str] = DEFAULT_ROOT,
-                 engine: EngineConfig | dict[str, Any] | None = None) -> None:  # fmt: skip
+                 engine: EngineConfig | dict[str, Any] | None = None,
+                 sinks: SinkConfig | dict[str, Any] | list[str | Sink] | None = None,
+                 ) -> None:  # fmt: skip
+        """`sinks`: plug-in sinks by name (`["wandb"]`), `Sink` objects, or a `SinkConfig`
+        (dict form accepted); Langfuse turns on by itself when its keys are set."""
         # Absolute, because the vLLM server resolves adapter paths from its own cwd.
         self.root = Path(root).absolute()
         self.engine_config = parse_config(EngineConfig, engine)
@@ -82,6 +99,8 @@ class LocalBackend:
         self._model_path: Path | None = None
         self._trainers: dict[str, LoraTrainer] = {}
         self._models: dict[str, TrainableModel] = {}
+        self.sink_config, self._sink_objects = resolve_sinks(sinks)
+        self._sinks: dict[str, SinkSet] = {}
 
     @property
     def url(self) -> str:
@@ -144,6 +163,24 @@ class LocalBackend:
             await self.gateway.call(self.gateway.router.publish(model.name, *latest))
             logger.info("resumed %s from %s", model.served_name, latest[1])
         self._models[model.name] = model
+        if model.name not in self._sinks:
+            if self._sink_objects and self._sinks:
+                raise ConfigError(
+                    f"model {model.name!r} is the second model of a backend given Sink "
+                    "objects, and a Sink object records one run; fix: pass plug-in names "
+                    "(each model gets its own sinks) or use one LocalBackend per model"
+                )
+            info = run_info(self.root, model.project, model.name, model.base_model,
+                            model.config.model_dump(mode="json"))  # fmt: skip
+            self._sinks[model.name] = await asyncio.to_thread(
+                open_sinks, info, self.sink_config, self._sink_objects
+            )
+
+    def sinks(self, model: TrainableModel) -> SinkSet:
+        """The sinks recording `model`'s run (the disk record and the plug-ins)."""
+        if model.name not in self._sinks:
+            raise ConfigError(f"model {model.name!r} is not registered with this backend")
+        return self._sinks[model.name]
 
     def paths(self, model: TrainableModel) -> RunPaths:
         return RunPaths(self.root, model.project, model.name)
@@ -172,15 +209,17 @@ class LocalBackend:
         if self.gateway is None or model.name not in self._models:
             raise ConfigError(f"model {model.name!r} is not registered with this backend")
         train_config = parse_config(TrainConfig, config) if config is not None else model.config
+        started = time.perf_counter()
         paths = self.paths(model)
+        sinks = self.sinks(model)
         next_step = model.step + 1
-        save_groups(paths.trajectory_file(next_step), groups)
+        sinks.log_trajectories(next_step, groups)
         trainer = await asyncio.to_thread(self._trainer, model)
         stats = await asyncio.to_thread(trainer.step, groups, train_config)
         if not stats.trained:
             logger.warning("step %d: no group had reward variance; nothing trained", next_step)
             result = StepResult(model.step, stats, None, 0.0, 0.0)
-            append_jsonl(paths.metrics, {"event": "skipped", **result.as_dict()})
+            self._record(sinks, model, "skipped", result, groups, started)
             return result
         saved = time.perf_counter()
         folder = await asyncio.to_thread(self._save, trainer, paths, next_step)
@@ -190,8 +229,16 @@ class LocalBackend:
         )
         model.step = next_step
         result = StepResult(next_step, stats, folder, publish_seconds, save_seconds)
-        append_jsonl(paths.metrics, {"event": "train", **result.as_dict()})
+        self._record(sinks, model, "train", result, groups, started)
         return result
+
+    @staticmethod
+    def _record(sinks: SinkSet, model: TrainableModel, event: str, result: StepResult,
+                groups: list[TrajectoryGroup], started: float) -> None:  # fmt: skip
+        record = {"event": event, **result.as_dict(), **rollout_metrics(groups),
+                  "step_seconds": time.perf_counter() - started,
+                  "policy": model.served_name}  # fmt: skip
+        sinks.log_metrics(result.step, record)
 
     @staticmethod
     def _save(trainer: LoraTrainer, paths: RunPaths, step: int) -> Path:
@@ -211,6 +258,9 @@ class LocalBackend:
         return target
 
     async def close(self) -> None:
+        for sinks in self._sinks.values():
+            await asyncio.to_thread(sinks.close)
+        self._sinks.clear()
         if self.gateway is not None and self.engine is not None:
             await self.gateway.call(self.engine.close())
             self.gateway.stop()

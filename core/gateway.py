@@ -33,6 +33,7 @@ from starlette.routing import Route
 from rlcoach.engines.base import Engine, EngineHTTPError
 from rlcoach.errors import ConfigError, EngineError, EngineStartError, UnknownModelError
 from rlcoach.router import Router
+from rlcoach.types import TIMING_KEY
 
 __all__ = ["ROLLOUT_HEADER", "Gateway", "Recorder"]
 
@@ -126,6 +127,7 @@ class Gateway:
     # -- HTTP handlers -------------------------------------------------------------------
 
     async def _chat(self, request: Request) -> Response:
+        received, clock = time.time(), time.perf_counter()
         try:
             body = json.loads(await request.body())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -152,7 +154,8 @@ class Gateway:
         response["model"] = served
         rollout_id = request.headers.get(ROLLOUT_HEADER)
         if rollout_id:
-            self.recorder.add(rollout_id, body, response)
+            timing = {"started_at": received, "latency_s": time.perf_counter() - clock}
+            self.recorder.add(rollout_id, body, {**response, TIMING_KEY: timing})
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return StreamingResponse(_as_sse(response, include_usage),

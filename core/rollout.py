@@ -14,6 +14,7 @@ the gateway's exchanges for that id become the trajectory's histories.
 from __future__ import annotations
 
 import contextvars
+import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -72,6 +73,7 @@ class Rollout:
 
     async def __aenter__(self) -> Rollout:
         self._token = _CURRENT.set(self.trajectory.id)
+        self.trajectory.started_at = time.time()
         return self
 
     async def __aexit__(
@@ -83,6 +85,7 @@ class Rollout:
         if self._token is not None:
             _CURRENT.reset(self._token)
             self._token = None
+        self.trajectory.finished_at = time.time()
         await self.collect()
 
     async def collect(self) -> Trajectory:

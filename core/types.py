@@ -44,6 +44,10 @@ Tool = dict[str, Any]
 Scalar = str | int | float | bool | None
 """A metadata value: kept simple so every sink can show it."""
 
+TIMING_KEY = "rlcoach_timing"
+"""Where the policy endpoint puts a recorded response's timing (`started_at`, `latency_s`);
+only recorded copies carry it, never what the client receives."""
+
 
 class SampledChoice(BaseModel):
     """One completion the policy sampled, with the exact tokens behind it."""
@@ -62,6 +66,10 @@ class SampledChoice(BaseModel):
     """The engine's log-probability of each sampled token (the behaviour policy)."""
     policy: str
     """The served name that sampled it, `name@step` (or the base model's name)."""
+    started_at: float | None = None
+    """Unix time the policy endpoint received the request (None if not recorded)."""
+    latency_s: float | None = None
+    """Seconds the engine took to answer it (None if not recorded)."""
 
     @model_validator(mode="after")
     def _lengths_agree(self) -> SampledChoice:
@@ -94,6 +102,7 @@ def choice_from_response_json(choice: dict[str, Any], response: dict[str, Any]) 
         )
     message = {k: v for k, v in (choice.get("message") or {}).items() if v is not None}
     message.setdefault("role", "assistant")
+    timing = response.get(TIMING_KEY) or {}
     return SampledChoice(
         message=message,
         finish_reason=choice.get("finish_reason"),
@@ -101,6 +110,8 @@ def choice_from_response_json(choice: dict[str, Any], response: dict[str, Any]) 
         token_ids=list(token_ids),
         logprobs=[float(entry["logprob"]) for entry in content],
         policy=str(response.get("model", "")),
+        started_at=timing.get("started_at"),
+        latency_s=timing.get("latency_s"),
     )
 
 
@@ -149,6 +160,10 @@ class Trajectory(BaseModel):
     """What the rollout was about (task id, split, ...)."""
     logs: list[str] = Field(default_factory=list)
     """Free-form notes (a judge's explanation, a tool error)."""
+    started_at: float | None = None
+    """Unix time the rollout scope opened (None if not recorded)."""
+    finished_at: float | None = None
+    """Unix time the rollout scope closed (None if not recorded)."""
 
     def histories(self) -> list[History]:
         """The main history followed by the additional ones."""
