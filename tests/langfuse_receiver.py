@@ -82,7 +82,7 @@ class LangfuseReceiver:
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
                 with receiver._lock:
-                    receiver.headers.append(dict(self.headers))
+                    receiver.headers.append({k.lower(): v for k, v in self.headers.items()})
                 if self.path == TRACES_PATH:
                     receiver._spans(body)
                     reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
