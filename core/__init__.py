@@ -8,7 +8,7 @@ Importing `rlcoach` imports no optional dependency (vLLM, LangGraph, MCP, Langfu
 and not torch either: engines and the trainer load on first use.
 """
 
-from rlcoach.backend import LocalBackend, StepResult
+from rlcoach.backend import Backend, LocalBackend, StepResult
 from rlcoach.bundled import BUNDLED_MODEL
 from rlcoach.config import EngineConfig, LoraConfig, TrainConfig
 from rlcoach.dataset import DatasetBatch, iterate_dataset
@@ -17,6 +17,7 @@ from rlcoach.errors import (
     ConfigError,
     EngineError,
     EngineStartError,
+    RemoteError,
     RLCoachError,
     RolloutError,
     TrainingDataError,
@@ -24,6 +25,7 @@ from rlcoach.errors import (
 )
 from rlcoach.gather import AfterEach, RolloutFn, gather_trajectory_groups, retry
 from rlcoach.model import Model, TrainableModel
+from rlcoach.remote import RemoteBackend
 from rlcoach.rollout import Rollout, current_rollout_id
 from rlcoach.types import (
     History,
@@ -41,6 +43,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BUNDLED_MODEL",
     "AfterEach",
+    "Backend",
     "CheckpointError",
     "ConfigError",
     "DatasetBatch",
@@ -53,6 +56,8 @@ __all__ = [
     "Model",
     "ModelUsage",
     "RLCoachError",
+    "RemoteBackend",
+    "RemoteError",
     "Rollout",
     "RolloutError",
     "RolloutFailure",

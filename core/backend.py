@@ -9,6 +9,12 @@ worker thread, writes the adapter to a temp folder renamed to
 the model's step. On a CPU, rollouts and training never overlap: `train` is only called
 between gathers, and the engine sits idle while the trainer runs.
 
+`Backend` is the protocol a `TrainableModel` needs from any backend; `RemoteBackend`
+(remote.py) implements it over HTTP against `rlcoach serve`, so user code switches
+between the two by one line. A step trained for a request id (the server passes the
+client's) records that id inside its checkpoint folder before the rename, so a retried
+request can be recognised as done even when the server died right after the rename.
+
 Each registered model gets a `SinkSet` (sinks.py): the disk record (trajectories before
 the step, a line of `metrics.jsonl` after it) and the plug-ins the `sinks` config names
 or the environment asks for (Langfuse, W&B), which never block or fail a step.
@@ -17,20 +23,21 @@ or the environment asks for (Langfuse, W&B), which never block or fail a step.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rlcoach.bundled import BUNDLED_MODEL, bundled_model_path
 from rlcoach.config import EngineConfig, TrainConfig, parse_config
 from rlcoach.engines.base import Engine
 from rlcoach.errors import CheckpointError, ConfigError
 from rlcoach.gateway import Gateway
-from rlcoach.paths import DEFAULT_ROOT, RunPaths
+from rlcoach.paths import DEFAULT_ROOT, RunPaths, write_text_atomic
 from rlcoach.router import Router
 from rlcoach.sinks import (
     Sink,
@@ -41,13 +48,17 @@ from rlcoach.sinks import (
     rollout_metrics,
     run_info,
 )
+from rlcoach.supervisor import EngineSupervisor, RestartableEngine
 from rlcoach.types import TrajectoryGroup
 
 if TYPE_CHECKING:
     from rlcoach.model import TrainableModel
     from rlcoach.trainer.lora import LoraTrainer, StepStats
 
-__all__ = ["LocalBackend", "StepResult", "resolve_base_model"]
+__all__ = ["STEP_RECORD", "Backend", "LocalBackend", "StepResult", "resolve_base_model"]
+
+STEP_RECORD = "rlcoach_step.json"
+"""A file in each checkpoint folder: the request id and stats of the step that wrote it."""
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +92,35 @@ class StepResult:
                 "save_seconds": self.save_seconds, **self.stats.as_dict()}  # fmt: skip
 
 
+@runtime_checkable
+class Backend(Protocol):
+    """What a `TrainableModel` needs from a backend: local (`LocalBackend`) or remote."""
+
+    @property
+    def url(self) -> str:
+        """Base URL of the policy endpoint (OpenAI-compatible under `/v1`)."""
+
+    @property
+    def api_key(self) -> str:
+        """The key to send to the policy endpoint."""
+
+    async def register(self, model: TrainableModel) -> None:
+        """Serve `model` (resuming from its latest checkpoint) and set `model.step`."""
+
+    async def train(self, model: TrainableModel, groups: list[TrajectoryGroup],
+                    config: TrainConfig | dict[str, Any] | None = None) -> StepResult:  # fmt: skip
+        """One step on `groups`; returns once the new adapter is served."""
+
+    async def take_exchanges(self, rollout_id: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """The exchanges recorded for a rollout id (each returned once)."""
+
+    def paths(self, model: TrainableModel) -> RunPaths:
+        """Folders for the model's files on the machine that runs the user code."""
+
+    async def close(self) -> None:
+        """Release what the backend holds (engine, connections)."""
+
+
 class LocalBackend:
     """Serve and train models on this machine."""
 
@@ -101,6 +141,12 @@ class LocalBackend:
         self._models: dict[str, TrainableModel] = {}
         self.sink_config, self._sink_objects = resolve_sinks(sinks)
         self._sinks: dict[str, SinkSet] = {}
+        self.supervisor: EngineSupervisor | None = None
+        self._supervision: Any = None
+
+    @property
+    def api_key(self) -> str:
+        return "rlcoach"  # the local gateway checks no key
 
     @property
     def url(self) -> str:
@@ -113,6 +159,11 @@ class LocalBackend:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    async def start(self, base_model: str = BUNDLED_MODEL) -> None:
+        """Start the engine and the gateway now (`register` does it on first use)."""
+        if self.gateway is None:
+            await self._start(base_model)
 
     async def _start(self, base_model: str) -> None:
         self._model_path = await asyncio.to_thread(resolve_base_model, base_model)
@@ -139,6 +190,9 @@ class LocalBackend:
             gateway.stop()
             raise
         self.engine, self.gateway, self.base_model = engine, gateway, base_model
+        if isinstance(engine, RestartableEngine):
+            self.supervisor = EngineSupervisor(engine, gateway.router)
+            self._supervision = gateway.submit(self.supervisor.run())
 
     async def register(self, model: TrainableModel) -> None:
         if self.gateway is None:
@@ -204,8 +258,12 @@ class LocalBackend:
         return trainer
 
     async def train(self, model: TrainableModel, groups: list[TrajectoryGroup],
-                    config: TrainConfig | dict[str, Any] | None = None) -> StepResult:  # fmt: skip
-        """One step on `groups`; returns once the new adapter is served."""
+                    config: TrainConfig | dict[str, Any] | None = None, *,
+                    request_id: str | None = None) -> StepResult:  # fmt: skip
+        """One step on `groups`; returns once the new adapter is served.
+
+        `request_id` (the server passes the client's) is written into the checkpoint.
+        """
         if self.gateway is None or model.name not in self._models:
             raise ConfigError(f"model {model.name!r} is not registered with this backend")
         train_config = parse_config(TrainConfig, config) if config is not None else model.config
@@ -222,7 +280,8 @@ class LocalBackend:
             self._record(sinks, model, "skipped", result, groups, started)
             return result
         saved = time.perf_counter()
-        folder = await asyncio.to_thread(self._save, trainer, paths, next_step)
+        record = {"request_id": request_id, "stats": stats.as_dict()}
+        folder = await asyncio.to_thread(self._save, trainer, paths, next_step, record)
         save_seconds = time.perf_counter() - saved
         publish_seconds = await self.gateway.call(
             self.gateway.router.publish(model.name, next_step, folder)
@@ -241,7 +300,7 @@ class LocalBackend:
         sinks.log_metrics(result.step, record)
 
     @staticmethod
-    def _save(trainer: LoraTrainer, paths: RunPaths, step: int) -> Path:
+    def _save(trainer: LoraTrainer, paths: RunPaths, step: int, record: dict[str, Any]) -> Path:
         target = paths.checkpoint(step)
         if target.exists():
             raise CheckpointError(
@@ -251,6 +310,7 @@ class LocalBackend:
         temp = paths.temp_checkpoint()
         try:
             trainer.save(temp)
+            write_text_atomic(temp / STEP_RECORD, json.dumps(record))
             os.replace(temp, target)
         except BaseException:
             shutil.rmtree(temp, ignore_errors=True)
@@ -261,6 +321,9 @@ class LocalBackend:
         for sinks in self._sinks.values():
             await asyncio.to_thread(sinks.close)
         self._sinks.clear()
+        if self._supervision is not None:
+            self._supervision.cancel()
+            self._supervision = None
         if self.gateway is not None and self.engine is not None:
             await self.gateway.call(self.engine.close())
             self.gateway.stop()

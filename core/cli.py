@@ -47,6 +47,40 @@ def demo(
     typer.echo(result.summary())
 
 
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Interface to bind (default: this machine only).")]
+    = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535)] = 8000,
+    root: Annotated[Path, typer.Option(help="Where runs are written.")] = Path(".rlcoach"),
+    base_model: Annotated[
+        str | None, typer.Option(help="A model folder (default: the bundled model).")
+    ] = None,
+    engine: Annotated[str, typer.Option(help="vllm or transformers.")] = "vllm",
+    max_request_mb: Annotated[int, typer.Option(min=1, help="Largest training upload.")] = 64,
+    max_concurrent_chats: Annotated[int, typer.Option(min=1)] = 256,
+    max_queued_chats: Annotated[int, typer.Option(min=0)] = 1024,
+    max_model_len: Annotated[int, typer.Option(min=128)] = 4096,
+) -> None:
+    """Serve the policy endpoint and training over HTTP (key: $RLCOACH_API_KEY)."""
+    import os
+
+    from rlcoach.errors import RLCoachError
+    from rlcoach.server import ServeConfig, serve
+
+    try:
+        extra = {"base_model": base_model} if base_model else {}
+        config = ServeConfig(host=host, port=port, root=root, **extra,
+                             engine={"kind": engine, "max_model_len": max_model_len},
+                             max_request_bytes=max_request_mb * 1024 * 1024,
+                             max_concurrent_chats=max_concurrent_chats,
+                             max_queued_chats=max_queued_chats)  # fmt: skip
+        serve(config, os.environ.get("RLCOACH_API_KEY") or None)
+    except RLCoachError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
+
+
 def _add_plugin_commands() -> None:
     """Sub-commands that plugins declare under the `rlcoach.cli` entry point group."""
     from importlib.metadata import entry_points

@@ -15,6 +15,7 @@ __all__ = [
     "EngineError",
     "EngineStartError",
     "RLCoachError",
+    "RemoteError",
     "RolloutError",
     "TrainingDataError",
     "UnknownModelError",
@@ -51,3 +52,14 @@ class CheckpointError(RLCoachError, OSError):
 
 class RolloutError(RLCoachError, RuntimeError):
     """Too many rollouts failed for a step to train on the rest."""
+
+
+class RemoteError(RLCoachError, RuntimeError):
+    """`rlcoach serve` refused or failed a request (`status`, `code`, `retryable` say how)."""
+
+    def __init__(self, message: str, *, status: int = 0, code: str | None = None,
+                 retryable: bool = False) -> None:  # fmt: skip
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.retryable = retryable

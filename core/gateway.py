@@ -76,6 +76,15 @@ class Recorder:
             return self._exchanges.pop(rollout_id, [])
 
 
+def _unavailable(error: Exception) -> JSONResponse:
+    """503 with `Retry-After`: the engine is down or restarting; the same request may work
+    in a moment (OpenAI clients retry 503 on their own)."""
+    response = error_response(503, f"{error}; retry shortly", kind="server_error",
+                              code="engine_unavailable")  # fmt: skip
+    response.headers["Retry-After"] = "5"
+    return response
+
+
 def _check_body(body: Any) -> str | None:
     """Return what is wrong with a chat-completion body, or None."""
     if not isinstance(body, dict):
@@ -140,7 +149,7 @@ class Gateway:
         except UnknownModelError as e:
             return error_response(404, str(e), param="model", code="model_not_found")
         except EngineError as e:
-            return error_response(503, str(e), kind="server_error")
+            return _unavailable(e)
         upstream = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
         upstream.update(model=engine_name, logprobs=True, return_token_ids=True)
         try:
@@ -148,7 +157,7 @@ class Gateway:
         except EngineHTTPError as e:
             return JSONResponse(e.body, status_code=e.status)
         except EngineError as e:
-            return error_response(503, str(e), kind="server_error")
+            return _unavailable(e)
         finally:
             await self.router.release(engine_name)
         response["model"] = served

@@ -24,7 +24,7 @@ from rlcoach.types import Scalar, TrajectoryGroup
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
-    from rlcoach.backend import LocalBackend, StepResult
+    from rlcoach.backend import Backend, StepResult
 
 __all__ = ["Model", "TrainableModel"]
 
@@ -74,7 +74,11 @@ class Model:
 
     def _api_key(self) -> str:
         if self.api_key_env is None:
-            return "none"
+            # A model behind an `rlcoach serve` this process talks to (e.g. a judge on the
+            # policy endpoint's base weights) gets that server's key; any other URL, none.
+            from rlcoach.remote import key_for_url
+
+            return key_for_url(self.base_url) or "none"
         key = os.environ.get(self.api_key_env)
         if not key:
             raise ConfigError(
@@ -141,10 +145,10 @@ class TrainableModel(Model):
         self.base_model = base_model
         self.config = parse_config(TrainConfig, config)
         self.step = 0
-        self._backend: LocalBackend | None = None
+        self._backend: Backend | None = None
 
     @property
-    def backend(self) -> LocalBackend:
+    def backend(self) -> Backend:
         if self._backend is None:
             raise ConfigError(
                 f"model {self.name!r} is not registered with a backend; fix: "
@@ -160,9 +164,9 @@ class TrainableModel(Model):
         return self.backend.url + "/v1"
 
     def _api_key(self) -> str:
-        return "rlcoach"
+        return self.backend.api_key
 
-    async def register(self, backend: LocalBackend) -> None:
+    async def register(self, backend: Backend) -> None:
         """Serve this model on `backend` (resuming from its latest checkpoint)."""
         await backend.register(self)
         self._backend = backend

