@@ -81,6 +81,27 @@ def serve(
         raise typer.Exit(2) from e
 
 
+@app.command()
+def report(
+    run: Annotated[Path, typer.Argument(help="A run folder: <root>/<project>/<model>.")],
+    samples: Annotated[int, typer.Option(min=0, help="Trajectories shown per step.")] = 4,
+    tokenizer: Annotated[
+        Path | None, typer.Option(help="Tokenizer folder (default: the run's base model).")
+    ] = None,
+    output: Annotated[Path | None, typer.Option(help="Default: <run>/report.html.")] = None,
+) -> None:
+    """Write a static HTML report of a run: curves, a table per step, trajectories."""
+    from rlcoach.errors import RLCoachError
+    from rlcoach.report import write_report
+
+    try:
+        path = write_report(run, samples_per_step=samples, tokenizer=tokenizer, output=output)
+    except (RLCoachError, OSError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
+    typer.echo(f"report: {path}")
+
+
 def _add_plugin_commands() -> None:
     """Sub-commands that plugins declare under the `rlcoach.cli` entry point group."""
     from importlib.metadata import entry_points

@@ -3,8 +3,9 @@
 Every training step produces two things worth keeping: the groups of trajectories it
 trained on, and one metrics record (the trainer's stats, the rewards, timings). A `Sink`
 receives both. The disk record (`JsonlSink`) is always there and is written inline:
-`trajectories/<step>.jsonl` before the step runs (a crash mid-step loses nothing) and one
-line of `metrics.jsonl` after it; it is the source of truth `rlcoach report` reads, and a
+`run.json` (project, model, base model, config) when the run opens,
+`trajectories/<step>.jsonl` before each step runs (a crash mid-step loses nothing) and
+one line of `metrics.jsonl` after it; it is the source of truth `rlcoach report` reads, and a
 failure to write it is an error, like a failure to write a checkpoint.
 
 Plug-in sinks (Langfuse, W&B, your own) get the same calls but can never block or fail
@@ -25,6 +26,7 @@ turns it on with no code change (`plugins={"langfuse": False}` keeps it off).
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import math
 import os
@@ -40,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rlcoach.config import parse_config
 from rlcoach.errors import ConfigError
-from rlcoach.paths import RunPaths, append_jsonl
+from rlcoach.paths import RunPaths, append_jsonl, write_text_atomic
 from rlcoach.types import TrajectoryGroup, save_groups
 
 __all__ = [
@@ -122,6 +124,9 @@ class JsonlSink:
 
     def start(self, run: RunInfo) -> None:
         self.paths = RunPaths(run.dir.parents[1], run.project, run.model)
+        info = {"project": run.project, "model": run.model, "base_model": run.base_model,
+                "config": run.config}  # fmt: skip
+        write_text_atomic(run.dir / "run.json", json.dumps(info, indent=2, default=str))
 
     def _paths(self) -> RunPaths:
         if self.paths is None:
