@@ -27,6 +27,7 @@ from rlcoach.gather import AfterEach, RolloutFn, gather_trajectory_groups, retry
 from rlcoach.model import Model, TrainableModel
 from rlcoach.remote import RemoteBackend
 from rlcoach.rollout import Rollout, current_rollout_id
+from rlcoach.sinks import Sink, SinkConfig
 from rlcoach.types import (
     History,
     RolloutFailure,
@@ -63,6 +64,8 @@ __all__ = [
     "RolloutFailure",
     "RolloutFn",
     "SampledChoice",
+    "Sink",
+    "SinkConfig",
     "StepResult",
     "TrainConfig",
     "TrainableModel",
