@@ -153,8 +153,9 @@ _STOP = object()
 class _Worker:
     """One plug-in sink on its own thread, behind a bounded queue."""
 
-    def __init__(self, sink: Sink, run: RunInfo, queue_size: int) -> None:
+    def __init__(self, sink: Sink, run: RunInfo, queue_size: int, close_timeout_s: float) -> None:
         self.sink = sink
+        self.close_timeout_s = close_timeout_s
         self.name = str(getattr(sink, "name", type(sink).__name__))
         self.run = run
         self.errors = 0
@@ -199,6 +200,10 @@ class _Worker:
     def _loop(self) -> None:
         try:
             self.sink.start(self.run)
+            # Registered after start, so at exit it runs before any hook the sink's own
+            # library registered while starting (atexit runs last-in first-out): the queue
+            # drains into a client that is still open.
+            atexit.register(self._at_exit)
         except Exception as e:
             self._broken = True
             self._count_error("start", e)
@@ -223,10 +228,14 @@ class _Worker:
             except Exception as e:
                 self._count_error("close", e)
 
+    def _at_exit(self) -> None:
+        self.close(self.close_timeout_s)
+
     def close(self, timeout_s: float) -> None:
         if self._closed:
             return
         self._closed = True
+        atexit.unregister(self._at_exit)
         deadline = time.monotonic() + timeout_s
         try:
             self._queue.put(_STOP, timeout=timeout_s)
@@ -248,9 +257,10 @@ class SinkSet:
         self.config = config or SinkConfig()
         self.disk = JsonlSink()
         self.disk.start(run)
-        self._workers = [_Worker(sink, run, self.config.queue_size) for sink in plugins]
+        self._workers = [_Worker(sink, run, self.config.queue_size, self.config.close_timeout_s)
+                         for sink in plugins]  # fmt: skip
         self._closed = False
-        if self._workers:
+        if self._workers:  # drains at exit what the workers' own hooks (after start) did not
             atexit.register(self.close)
 
     @property
