@@ -277,7 +277,7 @@ class LocalBackend:
         if not stats.trained:
             logger.warning("step %d: no group had reward variance; nothing trained", next_step)
             result = StepResult(model.step, stats, None, 0.0, 0.0)
-            self._record(sinks, model, "skipped", result, groups, started)
+            self._record(sinks, model, next_step, "skipped", result, groups, started)
             return result
         saved = time.perf_counter()
         record = {"request_id": request_id, "stats": stats.as_dict()}
@@ -288,16 +288,19 @@ class LocalBackend:
         )
         model.step = next_step
         result = StepResult(next_step, stats, folder, publish_seconds, save_seconds)
-        self._record(sinks, model, "train", result, groups, started)
+        self._record(sinks, model, next_step, "train", result, groups, started)
         return result
 
     @staticmethod
-    def _record(sinks: SinkSet, model: TrainableModel, event: str, result: StepResult,
-                groups: list[TrajectoryGroup], started: float) -> None:  # fmt: skip
+    def _record(sinks: SinkSet, model: TrainableModel, step: int, event: str,
+                result: StepResult, groups: list[TrajectoryGroup],
+                started: float) -> None:  # fmt: skip
+        """One metrics record. Sinks get it under `step`, the step its trajectories were
+        logged for, also when nothing trained (the record's own `step` stays the model's)."""
         record = {"event": event, **result.as_dict(), **rollout_metrics(groups),
                   "step_seconds": time.perf_counter() - started,
                   "policy": model.served_name}  # fmt: skip
-        sinks.log_metrics(result.step, record)
+        sinks.log_metrics(step, record)
 
     @staticmethod
     def _save(trainer: LoraTrainer, paths: RunPaths, step: int, record: dict[str, Any]) -> Path:
