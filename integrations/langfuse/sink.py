@@ -157,7 +157,10 @@ class LangfuseSink:
 
     @staticmethod
     def enabled_by_environment() -> bool:
-        """On when the standard Langfuse keys are set."""
+        """On when the standard Langfuse keys are set (and LANGFUSE_TRACING_ENABLED is not
+        `false`, the SDK's own off switch)."""
+        if (_env("LANGFUSE_TRACING_ENABLED") or "true").lower() == "false":
+            return False
         return bool(_env("LANGFUSE_PUBLIC_KEY") and _env("LANGFUSE_SECRET_KEY"))
 
     # -- lifecycle -----------------------------------------------------------------------

@@ -154,6 +154,13 @@ def test_langfuse_stays_off_without_its_keys(tmp_path, monkeypatch):
     sinks = open_sinks(run_info(tmp_path, "p", "m", "b", {}), SinkConfig())
     assert sinks.names == []
     sinks.close()
+    monkeypatch.setenv("LANGFUSE_PUBLIC_KEY", "pk")
+    monkeypatch.setenv("LANGFUSE_SECRET_KEY", "sk")
+    monkeypatch.setenv("LANGFUSE_TRACING_ENABLED", "false")  # the SDK's own off switch
+    assert open_sinks(run_info(tmp_path, "p", "m", "b", {}), SinkConfig()).names == []
+    monkeypatch.delenv("LANGFUSE_TRACING_ENABLED")
+    off = open_sinks(run_info(tmp_path, "p", "m", "b", {}), SinkConfig(plugins={"langfuse": False}))
+    assert off.names == []
 
 
 def test_an_unreachable_langfuse_is_counted_not_fatal(tmp_path, monkeypatch, receiver):
