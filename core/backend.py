@@ -5,9 +5,10 @@ in-process transformers engine) and the gateway in front of it, and resumes the 
 from its latest complete checkpoint. `train(model, groups)` saves the groups beside the
 checkpoints first (so a crash mid-step loses no trajectory), runs one LoRA step in a
 worker thread, writes the adapter to a temp folder renamed to
-`<root>/<project>/<model>/checkpoints/<step>/`, publishes it to the engine and bumps
-the model's step. On a CPU, rollouts and training never overlap: `train` is only called
-between gathers, and the engine sits idle while the trainer runs.
+`<root>/<project>/<model>/checkpoints/<step>/`, publishes it to the engine, then writes
+the optimizer state beside it (off the publish path) and bumps the model's step. On a
+CPU, rollouts and training never overlap: `train` is only called between gathers, and
+the engine sits idle while the trainer runs.
 
 `Backend` is the protocol a `TrainableModel` needs from any backend; `RemoteBackend`
 (remote.py) implements it over HTTP against `rlcoach serve`, so user code switches
@@ -286,6 +287,9 @@ class LocalBackend:
         publish_seconds = await self.gateway.call(
             self.gateway.router.publish(model.name, next_step, folder)
         )
+        # The optimizer state (twice the adapter) is written after publishing: serving the
+        # new step does not wait for it, and a crash before it only costs AdamW's moments.
+        await asyncio.to_thread(trainer.save_optimizer, folder)
         model.step = next_step
         result = StepResult(next_step, stats, folder, publish_seconds, save_seconds)
         self._record(sinks, model, next_step, "train", result, groups, started)
@@ -312,7 +316,7 @@ class LocalBackend:
             )
         temp = paths.temp_checkpoint()
         try:
-            trainer.save(temp)
+            trainer.save_adapter(temp)
             write_text_atomic(temp / STEP_RECORD, json.dumps(record))
             os.replace(temp, target)
         except BaseException:

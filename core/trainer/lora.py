@@ -8,9 +8,17 @@ micro-batching changes nothing but memory. Log-probs are computed by projecting 
 final hidden states onto the vocabulary `logprob_chunk_tokens` at a time under
 activation checkpointing, so no [tokens x vocab] tensor lives for the whole row.
 
+Attention inside a packed row is per sequence (`attention.py`): the row is cut at the
+sequence boundaries and each piece runs causal sdpa with no mask (FlashAttention on a
+GPU), so no [T x T] mask is built. `activation_checkpointing` recomputes each decoder
+layer in the backward pass instead of keeping its activations (less memory, about a
+third more compute).
+
 On the CPU the weights stay fp32 and the step runs under bf16 autocast (about twice as
-fast as plain fp32 here); on a GPU the weights are bf16. The reference model for the KL
-term is the same model with the adapter disabled: no second copy.
+fast as plain fp32 here); on a GPU the base weights are bf16, and peft keeps the LoRA
+weights (and so AdamW's state) in fp32 while autocast runs their matmuls in bf16. The
+reference model for the KL term is the same model with the adapter disabled: no second
+copy.
 """
 
 from __future__ import annotations
@@ -25,6 +33,11 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rlcoach.config import TrainConfig
+from rlcoach.trainer.attention import (
+    SEGMENT_ATTENTION,
+    register_segment_attention,
+    segment_bounds,
+)
 from rlcoach.trainer.objective import group_advantages, loss_normalizer, policy_loss
 from rlcoach.trainer.sequences import PackedRow, TrainSequence, build_sequences, pack_sequences
 from rlcoach.types import TrajectoryGroup
@@ -64,14 +77,21 @@ def chunked_token_logprobs(
     """Log-prob of each token given the ones before it, shape [T-1] (fp32)."""
     backbone = causal_lm.get_decoder() if hasattr(causal_lm, "get_decoder") else causal_lm.model
     lm_head = causal_lm.get_output_embeddings()
-    # Packed sequences must not attend to each other: a block-diagonal causal mask, with a
-    # new block wherever the position ids restart at 0 (sdpa ignores position-id resets).
-    segments_T = torch.cumsum(position_ids_1T[0] == 0, dim=0)
-    length = segments_T.shape[0]
-    causal_TT = torch.ones(length, length, dtype=torch.bool, device=segments_T.device).tril()
-    mask_11TT = (causal_TT & (segments_T[:, None] == segments_T[None, :]))[None, None]
-    hidden_1TH = backbone(input_ids=input_ids_1T, position_ids=position_ids_1T,
-                          attention_mask=mask_11TT).last_hidden_state  # fmt: skip
+    if getattr(causal_lm.config, "_attn_implementation", None) == SEGMENT_ATTENTION:
+        # Per-sequence attention: boundaries instead of a mask (see attention.py).
+        hidden_1TH = backbone(input_ids=input_ids_1T, position_ids=position_ids_1T,
+                              rlcoach_segments=segment_bounds(position_ids_1T[0]),
+                              ).last_hidden_state  # fmt: skip
+    else:
+        # Any other attention: a block-diagonal causal mask, with a new block wherever
+        # the position ids restart at 0 (sdpa ignores position-id resets).
+        segments_T = torch.cumsum(position_ids_1T[0] == 0, dim=0)
+        length = segments_T.shape[0]
+        causal_TT = torch.ones(length, length, dtype=torch.bool,
+                               device=segments_T.device).tril()  # fmt: skip
+        mask_11TT = (causal_TT & (segments_T[:, None] == segments_T[None, :]))[None, None]
+        hidden_1TH = backbone(input_ids=input_ids_1T, position_ids=position_ids_1T,
+                              attention_mask=mask_11TT).last_hidden_state  # fmt: skip
     hidden_TH = hidden_1TH[0, :-1]
     targets_T = input_ids_1T[0, 1:]
 
@@ -100,9 +120,17 @@ class LoraTrainer:
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         torch.manual_seed(config.seed)
-        base = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device)
+        register_segment_attention()
+        base = AutoModelForCausalLM.from_pretrained(
+            model_path, dtype=dtype, attn_implementation=SEGMENT_ATTENTION
+        ).to(self.device)
         base.config.use_cache = False
+        if config.activation_checkpointing:
+            base.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
         lora = config.lora
+        # peft keeps the adapter in fp32 over bf16 base weights (autocast_adapter_dtype).
         self.model = get_peft_model(
             base,
             LoraConfig(
@@ -110,10 +138,18 @@ class LoraTrainer:
                 target_modules=lora.target_modules, task_type="CAUSAL_LM",
             ),
         )  # fmt: skip
+        if self.device.type == "cuda":
+            # peft casts each LoRA layer's input to the adapter's fp32 before autocast
+            # casts it back to bf16 for the matmul: two full passes over the activations
+            # per LoRA layer for nothing, since the step always runs under autocast.
+            for module in self.model.modules():
+                if hasattr(module, "lora_A"):
+                    module.cast_input_dtype_enabled = False
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=config.learning_rate,
             weight_decay=config.weight_decay,
+            fused=self.device.type == "cuda",
         )
 
     def _autocast(self) -> Any:
@@ -204,8 +240,18 @@ class LoraTrainer:
 
     def save(self, folder: Path) -> None:
         """Write the peft adapter (loadable by vLLM and transformers) and optimizer state."""
+        self.save_adapter(folder)
+        self.save_optimizer(folder)
+
+    def save_adapter(self, folder: Path) -> None:
+        """Write only the adapter: all an engine needs to serve the new weights."""
         self.model.save_pretrained(folder)
-        torch.save(self.optimizer.state_dict(), folder / OPTIMIZER_FILE)
+
+    def save_optimizer(self, folder: Path) -> None:
+        """Write AdamW's state (twice the adapter's size) atomically into `folder`."""
+        temp = folder / f".{OPTIMIZER_FILE}.tmp"
+        torch.save(self.optimizer.state_dict(), temp)
+        temp.replace(folder / OPTIMIZER_FILE)
 
     def load(self, folder: Path) -> None:
         """Resume adapter weights and optimizer state from a checkpoint folder."""
@@ -220,3 +266,5 @@ class LoraTrainer:
         optimizer_file = folder / OPTIMIZER_FILE
         if optimizer_file.exists():
             self.optimizer.load_state_dict(torch.load(optimizer_file, map_location=self.device))
+        else:  # written after publishing: a crash in between leaves the adapter alone
+            logger.warning("checkpoint %s has no optimizer state; AdamW starts afresh", folder)

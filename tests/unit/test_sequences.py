@@ -108,3 +108,34 @@ def test_packed_logprobs_equal_unpacked(model_path):
     # packed[i] predicts token i+1; the boundary position (a's last -> b's first) is unused
     torch.testing.assert_close(packed[:39], alone[0], atol=1e-4, rtol=0)
     torch.testing.assert_close(packed[40:], alone[1], atol=1e-4, rtol=0)
+
+
+def test_segment_attention_matches_the_dense_mask_and_gradients(model_path):
+    """The trainer's per-sequence attention (no [T x T] mask) gives the same log-probs
+    and the same gradients as the block-diagonal mask path, for three packed sequences."""
+    from transformers import AutoModelForCausalLM
+
+    from rlcoach.trainer.attention import SEGMENT_ATTENTION, register_segment_attention
+    from rlcoach.trainer.lora import chunked_token_logprobs
+    from rlcoach.trainer.sequences import TrainSequence
+
+    register_segment_attention()
+    dense = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    fast = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
+                                                attn_implementation=SEGMENT_ATTENTION)  # fmt: skip
+    seqs = [TrainSequence(list(range(s, s + n)), [1] * n, [0.0] * n, 1.0, str(s))
+            for s, n in ((100, 40), (300, 25), (700, 9))]  # fmt: skip
+    (row,) = pack_sequences(seqs, max_tokens=100)
+    ids, positions = row.input_ids_T[None], row.position_ids_T[None]
+    results = []
+    for model in (dense, fast):
+        logprobs = chunked_token_logprobs(model, ids, positions, 16)
+        logprobs.sum().backward()
+        grad = model.get_output_embeddings().weight.grad
+        results.append((logprobs.detach(), grad[: 1000].clone()))
+    torch.testing.assert_close(results[1][0], results[0][0], atol=1e-4, rtol=0)
+    torch.testing.assert_close(results[1][1], results[0][1], atol=1e-4, rtol=1e-3)
+    with torch.no_grad():
+        alone = chunked_token_logprobs(fast, torch.tensor([seqs[2].token_ids]),
+                                       torch.arange(9)[None], 16)  # fmt: skip
+    torch.testing.assert_close(results[1][0][-8:], alone, atol=1e-4, rtol=0)
