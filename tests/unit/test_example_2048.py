@@ -69,12 +69,13 @@ def test_episodes_are_reproducible_and_noop_moves_spawn_nothing():
         b.play(direction)
     assert a.grid == b.grid and a.score == b.score
     stuck = Episode(start)
-    blocked = next(d for d in ("left", "right", "up", "down") if d not in legal_moves(stuck.grid)
-                   ) if len(legal_moves(stuck.grid)) < 4 else None  # fmt: skip
-    if blocked is not None:
-        before = stuck.grid
-        assert stuck.play(blocked) is False and stuck.grid == before and stuck.valid == 0
-    assert stuck.play(None) is False
+    stuck.grid = ((2, 4, 0, 0), (8, 16, 0, 0), (0, 0, 0, 0), (0, 0, 0, 0))
+    before = stuck.grid
+    assert stuck.play("left") is False and stuck.play("up") is False  # nothing moves
+    assert stuck.grid == before and stuck.valid == 0 and stuck.turns == 2
+    assert stuck.play(None) is False and stuck.turns == 3
+    assert stuck.play("right") is True and stuck.valid == 1
+    assert sum(v > 0 for row in stuck.grid for v in row) == 5  # four slid, one spawned
 
 
 def test_greedy_yardstick_takes_the_largest_merge():
