@@ -29,6 +29,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -50,11 +51,12 @@ from rlcoach.sinks import (
     run_info,
 )
 from rlcoach.supervisor import EngineSupervisor, RestartableEngine
-from rlcoach.types import TrajectoryGroup
+from rlcoach.types import ChatRecord, Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from rlcoach.model import TrainableModel
     from rlcoach.trainer.lora import LoraTrainer, StepStats
+    from rlcoach.trainer.sft import SFTConfig, SFTStats
 
 __all__ = ["STEP_RECORD", "Backend", "LocalBackend", "StepResult", "resolve_base_model"]
 
@@ -83,7 +85,7 @@ class StepResult:
     """What `train()` did: the new step, the trainer's stats, publish timings."""
 
     step: int
-    stats: StepStats
+    stats: StepStats | SFTStats
     checkpoint: Path | None
     publish_seconds: float
     save_seconds: float
@@ -139,6 +141,7 @@ class LocalBackend:
         self.base_model: str | None = None
         self._model_path: Path | None = None
         self._trainers: dict[str, LoraTrainer] = {}
+        self._tokenizer_cache: Any = None
         self._models: dict[str, TrainableModel] = {}
         self.sink_config, self._sink_objects = resolve_sinks(sinks)
         self._sinks: dict[str, SinkSet] = {}
@@ -269,7 +272,6 @@ class LocalBackend:
             raise ConfigError(f"model {model.name!r} is not registered with this backend")
         train_config = parse_config(TrainConfig, config) if config is not None else model.config
         started = time.perf_counter()
-        paths = self.paths(model)
         sinks = self.sinks(model)
         next_step = model.step + 1
         sinks.log_trajectories(next_step, groups)
@@ -280,9 +282,68 @@ class LocalBackend:
             result = StepResult(model.step, stats, None, 0.0, 0.0)
             self._record(sinks, model, next_step, "skipped", result, groups, started)
             return result
-        saved = time.perf_counter()
         record = {"request_id": request_id, "stats": stats.as_dict()}
-        folder = await asyncio.to_thread(self._save, trainer, paths, next_step, record)
+        result = await self._publish_step(model, trainer, stats, record)
+        self._record(sinks, model, next_step, "train", result, groups, started)
+        return result
+
+    async def train_sft(self, model: TrainableModel, data: Sequence[Trajectory | ChatRecord],
+                        config: SFTConfig | dict[str, Any] | None = None, *,
+                        progress: bool = False, request_id: str | None = None,
+                        ) -> StepResult:  # fmt: skip
+        """Supervised fine-tuning on `data` (see trainer/sft.py) as one step.
+
+        The adapter it writes is the next checkpoint, numbered and served exactly like an
+        RL step, so SFT and RL can alternate on one model. The examples are written to
+        `sft/<step>.jsonl` in the run folder before training starts.
+        """
+        from rlcoach.trainer.sft import SFTConfig, sft_sequences, sft_train
+
+        if self.gateway is None or model.name not in self._models:
+            raise ConfigError(f"model {model.name!r} is not registered with this backend")
+        sft_config = parse_config(SFTConfig, config)
+        items = list(data)
+        if not items:
+            raise ConfigError("train_sft got no examples; fix: pass at least one "
+                              "Trajectory or ChatRecord")  # fmt: skip
+        started = time.perf_counter()
+        next_step = model.step + 1
+        await asyncio.to_thread(
+            write_text_atomic, self.paths(model).dir / "sft" / f"{next_step:06d}.jsonl",
+            "".join(item.model_dump_json() + "\n" for item in items),
+        )  # fmt: skip
+        trainer = await asyncio.to_thread(self._trainer, model)
+        tokenizer = await asyncio.to_thread(self._tokenizer)
+        sequences = await asyncio.to_thread(sft_sequences, items, tokenizer)
+        stats = await asyncio.to_thread(sft_train, trainer, sequences, sft_config, len(items),
+                                        progress)  # fmt: skip
+        if not stats.trained:
+            raise ConfigError("the SFT examples hold no assistant token to train on; fix: "
+                              "include the assistant turns the model should imitate")  # fmt: skip
+        record = {"request_id": request_id, "kind": "sft", "stats": stats.as_dict()}
+        result = await self._publish_step(model, trainer, stats, record)
+        self._record(self.sinks(model), model, next_step, "sft", result, [], started)
+        return result
+
+    def _tokenizer(self) -> Any:
+        if self._tokenizer_cache is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(self._model_path)
+            if self.engine_config.chat_template is not None:
+                tokenizer.chat_template = self.engine_config.chat_template.read_text()
+            self._tokenizer_cache = tokenizer
+        return self._tokenizer_cache
+
+    async def _publish_step(self, model: TrainableModel, trainer: LoraTrainer,
+                            stats: StepStats | SFTStats,
+                            record: dict[str, Any]) -> StepResult:  # fmt: skip
+        """Save the adapter as the next checkpoint, serve it, then bump the model's step."""
+        assert self.gateway is not None
+        next_step = model.step + 1
+        saved = time.perf_counter()
+        folder = await asyncio.to_thread(self._save, trainer, self.paths(model), next_step,
+                                         record)  # fmt: skip
         save_seconds = time.perf_counter() - saved
         publish_seconds = await self.gateway.call(
             self.gateway.router.publish(model.name, next_step, folder)
@@ -291,9 +352,7 @@ class LocalBackend:
         # new step does not wait for it, and a crash before it only costs AdamW's moments.
         await asyncio.to_thread(trainer.save_optimizer, folder)
         model.step = next_step
-        result = StepResult(next_step, stats, folder, publish_seconds, save_seconds)
-        self._record(sinks, model, next_step, "train", result, groups, started)
-        return result
+        return StepResult(next_step, stats, folder, publish_seconds, save_seconds)
 
     @staticmethod
     def _record(sinks: SinkSet, model: TrainableModel, step: int, event: str,

@@ -82,6 +82,52 @@ def serve(
 
 
 @app.command()
+def sft(
+    data: Annotated[Path, typer.Argument(help="JSONL of chat records or trajectory groups.")],
+    name: Annotated[str, typer.Option(help="The model to train (an existing one continues).")],
+    project: Annotated[str, typer.Option(help="The model's project.")] = "sft",
+    base_model: Annotated[
+        str | None, typer.Option(help="A model folder (default: the bundled model).")
+    ] = None,
+    epochs: Annotated[int, typer.Option(min=1)] = 1,
+    batch_size: Annotated[int, typer.Option(min=1, help="Sequences per optimizer step.")] = 8,
+    learning_rate: Annotated[float, typer.Option(min=0.0)] = 2e-4,
+    engine: Annotated[str, typer.Option(help="transformers (no server needed) or vllm.")]
+    = "transformers",
+    root: Annotated[Path, typer.Option(help="Where runs are written.")] = Path(".rlcoach"),
+    seed: int = 0,
+) -> None:
+    """Fine-tune a model's LoRA on conversations (assistant turns only) as one step."""
+    from pydantic import ValidationError
+
+    from rlcoach.backend import LocalBackend
+    from rlcoach.bundled import BUNDLED_MODEL
+    from rlcoach.errors import RLCoachError
+    from rlcoach.model import TrainableModel
+    from rlcoach.trainer.sft import SFTConfig, load_sft_file
+
+    async def run() -> str:
+        items = load_sft_file(data)
+        config = SFTConfig(epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
+                           seed=seed)  # fmt: skip
+        model = TrainableModel(name, project, base_model or BUNDLED_MODEL)
+        async with LocalBackend(root, engine={"kind": engine}) as backend:
+            await model.register(backend)
+            result = await model.train_sft(items, config, progress=True)
+        s = result.stats
+        return (f"sft: {s.examples} examples, {s.sequences} sequences, {s.trained_tokens} "
+                f"trained tokens, {s.optimizer_steps} optimizer steps, loss "
+                f"{s.loss_first:.3f} -> {s.loss_last:.3f}; {model.served_name} at "
+                f"{result.checkpoint}")  # fmt: skip
+
+    try:
+        typer.echo(asyncio.run(run()))
+    except (RLCoachError, ValidationError, OSError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
+
+
+@app.command()
 def report(
     run: Annotated[Path, typer.Argument(help="A run folder: <root>/<project>/<model>.")],
     samples: Annotated[int, typer.Option(min=0, help="Trajectories shown per step.")] = 4,

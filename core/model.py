@@ -10,21 +10,24 @@ policy endpoint, and `rollout()` opens a recording scope.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from rlcoach.bundled import BUNDLED_MODEL
+from rlcoach.capture import CapturedRollout, ClientRecorder
 from rlcoach.config import TrainConfig, check_name, parse_config
 from rlcoach.errors import ConfigError
 from rlcoach.gateway import ROLLOUT_HEADER
 from rlcoach.rollout import Rollout, current_rollout_id
-from rlcoach.types import Scalar, TrajectoryGroup
+from rlcoach.types import ChatRecord, Scalar, Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
     from rlcoach.backend import Backend, StepResult
+    from rlcoach.trainer.sft import SFTConfig
 
 __all__ = ["Model", "TrainableModel"]
 
@@ -58,6 +61,7 @@ class Model:
         self.api_key_env = api_key_env
         self.timeout_s = timeout_s
         self.max_retries = max_retries
+        self._recorder = ClientRecorder()
 
     @property
     def served_name(self) -> str:
@@ -98,8 +102,13 @@ class Model:
         return self._api_key()
 
     def http_client(self, *, record: bool = True) -> httpx.AsyncClient:
-        """The httpx client behind `openai_client()`: tags calls with the current rollout."""
-        return httpx.AsyncClient(**self._http_options([_tag_rollout] if record else []))
+        """The httpx client behind `openai_client()`: tags calls with the current rollout
+        (and, inside this model's own `rollout()` scope, keeps its chat completions)."""
+        if not record:
+            return httpx.AsyncClient(**self._http_options([]))
+        options = self._http_options([_tag_rollout, self._recorder.on_request])
+        options["event_hooks"]["response"] = [self._recorder.on_response]
+        return httpx.AsyncClient(**options)
 
     def sync_http_client(self, *, record: bool = True) -> httpx.Client:
         """The same for synchronous callers (a LangChain `invoke` in a worker thread)."""
@@ -111,6 +120,12 @@ class Model:
             "timeout": httpx.Timeout(self.timeout_s),
             "limits": httpx.Limits(max_connections=256, max_keepalive_connections=64),
         }
+
+    def rollout(self, **metadata: Scalar) -> Rollout:
+        """A scope whose chat completions through this model's async clients become one
+        trajectory, as messages (a model outside the policy endpoint has no sampled
+        tokens to keep): a teacher's demonstrations for `distill`, say."""
+        return CapturedRollout(self._recorder, **metadata)
 
     def openai_client(self, *, record: bool = True, **kwargs: Any) -> AsyncOpenAI:
         """An `AsyncOpenAI` for this model; calls inside a rollout scope are recorded.
@@ -180,3 +195,21 @@ class TrainableModel(Model):
     ) -> StepResult:
         """One training step on `groups`; the new adapter is served when this returns."""
         return await self.backend.train(self, groups, config)
+
+    async def train_sft(
+        self,
+        data: Sequence[Trajectory | ChatRecord],
+        config: SFTConfig | dict[str, Any] | None = None,
+        *,
+        progress: bool = False,
+    ) -> StepResult:
+        """Supervised fine-tuning on `data` (trajectories or chat records) as one step:
+        the new adapter is the next checkpoint and is served when this returns."""
+        train_sft = getattr(self.backend, "train_sft", None)
+        if train_sft is None:
+            raise ConfigError(
+                f"the {type(self.backend).__name__} of model {self.name!r} cannot run SFT; "
+                "fix: run it where the model's files are, with a LocalBackend or `rlcoach "
+                "sft <file.jsonl>` (the checkpoint it writes is the model's next step)"
+            )
+        return await train_sft(self, data, config, progress=progress)

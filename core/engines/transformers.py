@@ -19,6 +19,7 @@ from typing import Any
 
 from rlcoach.chat_template import parse_tool_calls
 from rlcoach.engines.base import EngineHTTPError
+from rlcoach.hardware import fast_bf16
 
 __all__ = ["TransformersEngine"]
 
@@ -60,7 +61,9 @@ class TransformersEngine:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        dtype = getattr(torch, self._dtype) if self._dtype != "auto" else "auto"
+        dtype: Any = getattr(torch, self._dtype) if self._dtype != "auto" else "auto"
+        if dtype == "auto" and not torch.cuda.is_available() and not fast_bf16("cpu"):
+            dtype = torch.float32  # a bf16 checkpoint would run on a slow fallback kernel
         self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         if self._chat_template is not None:
             self._tokenizer.chat_template = self._chat_template

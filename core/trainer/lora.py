@@ -14,11 +14,12 @@ GPU), so no [T x T] mask is built. `activation_checkpointing` recomputes each de
 layer in the backward pass instead of keeping its activations (less memory, about a
 third more compute).
 
-On the CPU the weights stay fp32 and the step runs under bf16 autocast (about twice as
-fast as plain fp32 here); on a GPU the base weights are bf16, and peft keeps the LoRA
-weights (and so AdamW's state) in fp32 while autocast runs their matmuls in bf16. The
-reference model for the KL term is the same model with the adapter disabled: no second
-copy.
+On the CPU the weights stay fp32 and the step runs under bf16 autocast where the CPU has
+bf16 instructions (about twice as fast as plain fp32), in plain fp32 where it has not
+(hardware.py: the fallback bf16 kernel is hundreds of times slower). On a GPU the base
+weights are bf16, and peft keeps the LoRA weights (and so AdamW's state) in fp32 while
+autocast runs their matmuls in bf16. The reference model for the KL term is the same
+model with the adapter disabled: no second copy.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rlcoach.config import TrainConfig
+from rlcoach.hardware import fast_bf16
 from rlcoach.trainer.attention import (
     SEGMENT_ATTENTION,
     register_segment_attention,
@@ -153,7 +155,9 @@ class LoraTrainer:
         )
 
     def _autocast(self) -> Any:
-        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        # Off where bf16 matmuls are slow (an AVX2-only CPU): see hardware.py.
+        return torch.autocast(self.device.type, dtype=torch.bfloat16,
+                              enabled=fast_bf16(self.device))  # fmt: skip
 
     def row_logprobs(self, row: PackedRow, use_adapter: bool = True) -> torch.Tensor:
         ids = row.input_ids_T[None].to(self.device)

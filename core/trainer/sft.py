@@ -25,11 +25,13 @@ optimizer state, and the backend numbers SFT checkpoints in the same step sequen
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -37,12 +39,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rlcoach.errors import TrainingDataError
 from rlcoach.trainer.sequences import TrainSequence, build_sequences, pack_sequences
-from rlcoach.types import ChatRecord, Trajectory
+from rlcoach.types import ChatRecord, Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from rlcoach.trainer.lora import LoraTrainer
 
-__all__ = ["SFTConfig", "SFTStats", "chat_sequences", "sft_loss", "sft_sequences", "sft_train"]
+__all__ = ["SFTConfig", "SFTStats", "chat_sequences", "load_sft_file", "sft_loss", "sft_sequences",
+           "sft_train"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +151,35 @@ def sft_sequences(data: Iterable[Trajectory | ChatRecord], tokenizer: Any) -> li
                 "ChatRecord objects (`ChatRecord(messages=[...], tools=[...])`)"
             )
     return sequences
+
+
+def load_sft_file(path: str | Path) -> list[Trajectory | ChatRecord]:
+    """SFT examples from a JSONL file: each line a chat record (`{"messages": [...],
+    "tools": [...]}`), a trajectory, or a trajectory group (as `save_groups` writes)."""
+    items: list[Trajectory | ChatRecord] = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+                if not isinstance(data, dict):
+                    raise ValueError(f"a JSON {type(data).__name__}, not an object")
+                if "trajectories" in data:
+                    items += TrajectoryGroup.model_validate(data).trajectories
+                elif "choices" in data or "id" in data:
+                    items.append(Trajectory.model_validate(data))
+                else:
+                    items.append(ChatRecord.model_validate(data))
+            except ValueError as e:
+                raise TrainingDataError(
+                    f"{path}:{number} is not an SFT example ({e}); fix: write one JSON object "
+                    'per line, e.g. {"messages": [{"role": "user", ...}, {"role": "assistant", '
+                    "...}]}, or a trajectory group saved by rlcoach"
+                ) from e
+    if not items:
+        raise TrainingDataError(f"{path} holds no SFT example; fix: add chat records")
+    return items
 
 
 def sft_loss(logprobs_T: torch.Tensor, mask_T: torch.Tensor, normalizer: float) -> torch.Tensor:
