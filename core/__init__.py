@@ -10,7 +10,7 @@ and not torch either: engines and the trainer load on first use.
 
 from rlcoach.backend import Backend, LocalBackend, StepResult
 from rlcoach.bundled import BUNDLED_MODEL
-from rlcoach.config import EngineConfig, LoraConfig, TrainConfig
+from rlcoach.config import EngineConfig, LoraConfig, SFTConfig, TrainConfig
 from rlcoach.dataset import DatasetBatch, iterate_dataset
 from rlcoach.errors import (
     CheckpointError,
@@ -29,6 +29,7 @@ from rlcoach.remote import RemoteBackend
 from rlcoach.rollout import Rollout, current_rollout_id
 from rlcoach.sinks import Sink, SinkConfig
 from rlcoach.types import (
+    ChatRecord,
     History,
     RolloutFailure,
     SampledChoice,
@@ -45,6 +46,7 @@ __all__ = [
     "BUNDLED_MODEL",
     "AfterEach",
     "Backend",
+    "ChatRecord",
     "CheckpointError",
     "ConfigError",
     "DatasetBatch",
@@ -63,6 +65,7 @@ __all__ = [
     "RolloutError",
     "RolloutFailure",
     "RolloutFn",
+    "SFTConfig",
     "SampledChoice",
     "Sink",
     "SinkConfig",

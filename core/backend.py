@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rlcoach.bundled import BUNDLED_MODEL, bundled_model_path
-from rlcoach.config import EngineConfig, TrainConfig, parse_config
+from rlcoach.config import EngineConfig, SFTConfig, TrainConfig, parse_config
 from rlcoach.engines.base import Engine
 from rlcoach.errors import CheckpointError, ConfigError
 from rlcoach.gateway import Gateway
@@ -56,7 +56,7 @@ from rlcoach.types import ChatRecord, Trajectory, TrajectoryGroup
 if TYPE_CHECKING:
     from rlcoach.model import TrainableModel
     from rlcoach.trainer.lora import LoraTrainer, StepStats
-    from rlcoach.trainer.sft import SFTConfig, SFTStats
+    from rlcoach.trainer.sft import SFTStats
 
 __all__ = ["STEP_RECORD", "Backend", "LocalBackend", "StepResult", "resolve_base_model"]
 
@@ -297,7 +297,7 @@ class LocalBackend:
         RL step, so SFT and RL can alternate on one model. The examples are written to
         `sft/<step>.jsonl` in the run folder before training starts.
         """
-        from rlcoach.trainer.sft import SFTConfig, sft_sequences, sft_train
+        from rlcoach.trainer.sft import sft_sequences, sft_train
 
         if self.gateway is None or model.name not in self._models:
             raise ConfigError(f"model {model.name!r} is not registered with this backend")

@@ -102,9 +102,10 @@ def sft(
 
     from rlcoach.backend import LocalBackend
     from rlcoach.bundled import BUNDLED_MODEL
+    from rlcoach.config import SFTConfig
     from rlcoach.errors import RLCoachError
     from rlcoach.model import TrainableModel
-    from rlcoach.trainer.sft import SFTConfig, load_sft_file
+    from rlcoach.trainer.sft import load_sft_file
 
     async def run() -> str:
         items = load_sft_file(data)

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from rlcoach.errors import ConfigError
 
-__all__ = ["EngineConfig", "LoraConfig", "TrainConfig", "check_name", "parse_config"]
+__all__ = ["EngineConfig", "LoraConfig", "SFTConfig", "TrainConfig", "check_name", "parse_config"]
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -91,6 +91,19 @@ class TrainConfig(_Strict):
     weight_decay: float = Field(0.0, ge=0.0)
     lora: LoraConfig = Field(default_factory=LoraConfig)
     seed: int = 0
+
+
+class SFTConfig(_Strict):
+    """Supervised fine-tuning (trainer/sft.py): epochs, batch, optimizer."""
+
+    epochs: int = Field(1, ge=1)
+    batch_size: int = Field(8, ge=1)
+    """Sequences per optimizer step."""
+    learning_rate: float = Field(2e-4, gt=0.0, le=1.0)
+    micro_batch_tokens: int = Field(1024, ge=64)
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    seed: int = 0
+    """Shuffles the sequences each epoch (a pure function of the seed and the epoch)."""
 
 
 class EngineConfig(_Strict):

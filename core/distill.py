@@ -27,8 +27,8 @@ from rlcoach.gather import gather_trajectory_groups
 from rlcoach.types import RolloutFailure, Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
+    from rlcoach.config import SFTConfig
     from rlcoach.model import Model, TrainableModel
-    from rlcoach.trainer.sft import SFTConfig
 
 __all__ = ["Demonstrations", "collect_demonstrations", "distill"]
 

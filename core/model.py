@@ -17,7 +17,7 @@ import httpx
 
 from rlcoach.bundled import BUNDLED_MODEL
 from rlcoach.capture import CapturedRollout, ClientRecorder
-from rlcoach.config import TrainConfig, check_name, parse_config
+from rlcoach.config import SFTConfig, TrainConfig, check_name, parse_config
 from rlcoach.errors import ConfigError
 from rlcoach.gateway import ROLLOUT_HEADER
 from rlcoach.rollout import Rollout, current_rollout_id
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
     from rlcoach.backend import Backend, StepResult
-    from rlcoach.trainer.sft import SFTConfig
 
 __all__ = ["Model", "TrainableModel"]
 

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
+from rlcoach.config import SFTConfig
 from rlcoach.errors import TrainingDataError
 from rlcoach.trainer.sequences import TrainSequence, build_sequences, pack_sequences
 from rlcoach.types import ChatRecord, Trajectory, TrajectoryGroup
@@ -44,25 +44,9 @@ from rlcoach.types import ChatRecord, Trajectory, TrajectoryGroup
 if TYPE_CHECKING:
     from rlcoach.trainer.lora import LoraTrainer
 
-__all__ = ["SFTConfig", "SFTStats", "chat_sequences", "load_sft_file", "sft_loss", "sft_sequences",
-           "sft_train"]  # fmt: skip
+__all__ = ["SFTStats", "chat_sequences", "load_sft_file", "sft_loss", "sft_sequences", "sft_train"]
 
 logger = logging.getLogger(__name__)
-
-
-class SFTConfig(BaseModel):
-    """Supervised fine-tuning: epochs, batch, optimizer."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    epochs: int = Field(1, ge=1)
-    batch_size: int = Field(8, ge=1)
-    """Sequences per optimizer step."""
-    learning_rate: float = Field(2e-4, gt=0.0, le=1.0)
-    micro_batch_tokens: int = Field(1024, ge=64)
-    max_grad_norm: float = Field(1.0, gt=0.0)
-    seed: int = 0
-    """Shuffles the sequences each epoch (a pure function of the seed and the epoch)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from rlcoach.capture import _conversations, merge_stream
+from rlcoach.config import SFTConfig
 from rlcoach.errors import TrainingDataError
-from rlcoach.trainer.sft import SFTConfig, _batches, chat_sequences, sft_loss, sft_sequences
+from rlcoach.trainer.sft import _batches, chat_sequences, sft_loss, sft_sequences
 from rlcoach.types import ChatRecord, SampledChoice, Trajectory
 
 TOOLS = [{"type": "function", "function": {
