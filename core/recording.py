@@ -16,7 +16,7 @@ from typing import Any
 
 from rlcoach.types import History, Message, choice_from_response_json
 
-__all__ = ["assemble_histories", "content_text", "message_key"]
+__all__ = ["assemble_histories", "content_text", "message_key", "parse_arguments"]
 
 
 def content_text(content: Any) -> str:
@@ -31,7 +31,8 @@ def content_text(content: Any) -> str:
     return str(content)
 
 
-def _arguments(raw: Any) -> Any:
+def parse_arguments(raw: Any) -> Any:
+    """Tool-call arguments as JSON values where they parse (the raw string where not)."""
     if isinstance(raw, str):
         try:
             return json.loads(raw)
@@ -45,7 +46,7 @@ def message_key(message: Message) -> str:
     calls = []
     for call in message.get("tool_calls") or []:
         function = call.get("function", call)
-        calls.append([function.get("name"), _arguments(function.get("arguments"))])
+        calls.append([function.get("name"), parse_arguments(function.get("arguments"))])
     return json.dumps(
         [message.get("role"), content_text(message.get("content")).strip(), calls,
          message.get("tool_call_id")],

@@ -21,12 +21,11 @@ the previous known time in the same conversation, else the rollout's start.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from rlcoach.recording import content_text, message_key
+from rlcoach.recording import content_text, message_key, parse_arguments
 from rlcoach.types import History, Message, SampledChoice, Trajectory
 
 __all__ = ["PolicyCall", "Timeline", "ToolCall", "timeline"]
@@ -92,15 +91,6 @@ def _align(history: History) -> list[int | None]:
     return positions
 
 
-def _arguments(raw: Any) -> Any:
-    if isinstance(raw, str):
-        try:
-            return json.loads(raw)
-        except json.JSONDecodeError:
-            return raw
-    return raw
-
-
 def _is_error(message: Message) -> bool:
     if message.get("status") == "error" or message.get("is_error"):
         return True
@@ -146,7 +136,7 @@ def _history_events(number: int, history: History, start: float, end: float,
             function = raw.get("function", raw)
             events.append(ToolCall(
                 history=number, call_id=raw.get("id"), name=str(function.get("name", "")),
-                arguments=_arguments(function.get("arguments")),
+                arguments=parse_arguments(function.get("arguments")),
                 result=content_text(answer.get("content")) if answer is not None else None,
                 error=answer is not None and _is_error(answer),
                 start=call.end, end=max(next_start, call.end),
