@@ -82,8 +82,8 @@ def make_attempt(mailbox: Mailbox, example: list[dict], max_turns: int, max_toke
 
 
 def main() -> None:
-    parser = loop.parser(__doc__.splitlines()[0], steps=3, tasks_per_step=1, group_size=6,
-                         eval_tasks=8)  # fmt: skip
+    parser = loop.parser(__doc__.splitlines()[0], steps=2, tasks_per_step=1, group_size=6,
+                         eval_tasks=6, eval_samples=1)  # fmt: skip
     parser.add_argument("--max-turns", type=int, default=4, help="policy calls per question")
     parser.add_argument("--max-tokens", type=int, default=48, help="tokens per policy call")
     args = parser.parse_args()
