@@ -60,17 +60,17 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from rlcoach.backend import STEP_RECORD, LocalBackend, StepResult
+from rlcoach.backend import LocalBackend
 from rlcoach.bundled import BUNDLED_MODEL
 from rlcoach.config import EngineConfig, check_name
 from rlcoach.errors import ConfigError, EngineError, RLCoachError, TrainingDataError
 from rlcoach.gateway import ROLLOUT_HEADER
 from rlcoach.model import TrainableModel
 from rlcoach.paths import DEFAULT_ROOT, RunPaths, write_text_atomic
+from rlcoach.step_records import finished_step, list_checkpoints, step_result_wire
 from rlcoach.wire import (
     API_PREFIX,
     API_VERSION,
-    CheckpointInfo,
     CheckpointList,
     ModelRef,
     RegisterResponse,
@@ -426,7 +426,7 @@ class PolicyServer:
         task = self._trains.get(train.request_id)
         if task is None:
             paths = self._run_paths(model.project, model.name)
-            finished = await asyncio.to_thread(_finished_step, paths, train.request_id, self.root)
+            finished = await asyncio.to_thread(finished_step, paths, train.request_id, self.root)
             if finished is not None:
                 self.counters["train_replayed"] += 1
                 event = TrainEvent(event="result", request_id=train.request_id, result=finished)
@@ -453,7 +453,7 @@ class PolicyServer:
         async with lock:
             result = await self.backend.train(model, train.groups, train.config,
                                               request_id=train.request_id)  # fmt: skip
-            wire = _to_wire(result, self.root)
+            wire = step_result_wire(result, self.root)
             await asyncio.to_thread(write_text_atomic,
                                     paths.dir / "requests" / f"{train.request_id}.result.json",
                                     wire.model_dump_json())  # fmt: skip
@@ -490,7 +490,7 @@ class PolicyServer:
     async def _checkpoints(self, request: Request) -> Response:
         p = request.path_params
         paths = self._run_paths(p["project"], p["name"])
-        listed = await asyncio.to_thread(_list_checkpoints, paths, self.root)
+        listed = await asyncio.to_thread(list_checkpoints, paths, self.root)
         latest = max((c.step for c in listed), default=0)
         served = self.models.get(p["name"])
         latest = served.step if served is not None and served.project == p["project"] else latest
@@ -552,52 +552,6 @@ class PolicyServer:
         logger.exception("unhandled error on %s %s", request.method, request.url.path)
         return JSONResponse(error_body(f"internal error: {type(error).__name__}: {error}",
                                        kind="server_error"), status_code=500)  # fmt: skip
-
-
-def _to_wire(result: StepResult, root: Path) -> StepResultWire:
-    checkpoint = None
-    if result.checkpoint is not None:
-        checkpoint = str(Path(result.checkpoint).resolve().relative_to(root))
-    return StepResultWire(step=result.step, stats=result.stats.as_dict(), checkpoint=checkpoint,
-                          publish_seconds=result.publish_seconds,
-                          save_seconds=result.save_seconds)  # fmt: skip
-
-
-def _finished_step(paths: RunPaths, request_id: str, root: Path) -> StepResultWire | None:
-    """The result of an already trained request id, from its result file or checkpoint."""
-    result_file = paths.dir / "requests" / f"{request_id}.result.json"
-    if result_file.is_file():
-        wire = StepResultWire.model_validate_json(result_file.read_text(encoding="utf-8"))
-        return wire.model_copy(update={"replayed": True})
-    if not paths.checkpoints.is_dir():
-        return None
-    for folder in paths.checkpoints.iterdir():
-        record_file = folder / STEP_RECORD
-        if not folder.name.isdigit() or not record_file.is_file():
-            continue
-        record = json.loads(record_file.read_text(encoding="utf-8"))
-        if record.get("request_id") == request_id:
-            return StepResultWire(step=int(folder.name), stats=record["stats"],
-                                  checkpoint=str(folder.resolve().relative_to(root)),
-                                  replayed=True)  # fmt: skip
-    return None
-
-
-def _list_checkpoints(paths: RunPaths, root: Path) -> list[CheckpointInfo]:
-    found = []
-    if paths.checkpoints.is_dir():
-        for folder in sorted(paths.checkpoints.iterdir()):
-            if folder.name.isdigit() and (folder / "adapter_config.json").is_file():
-                size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-                found.append(
-                    CheckpointInfo(
-                        step=int(folder.name),
-                        bytes=size,
-                        served=False,
-                        path=str(folder.resolve().relative_to(root)),
-                    )
-                )
-    return found
 
 
 def serve(config: ServeConfig, api_key: str | None) -> None:
