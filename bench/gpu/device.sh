@@ -5,6 +5,7 @@
 #   bash bench/gpu/device.sh p1   # small wheels into /tmp/site, keep vLLM part 1
 #   bash bench/gpu/device.sh p2   # keep vLLM part 2
 #   bash bench/gpu/device.sh p3   # join the vLLM wheel, check it, install it
+#   bash bench/gpu/device.sh t1   # or, for the trainer benchmark alone: the small wheels
 #   source bench/gpu/device.sh env
 set -euo pipefail
 root=$(pwd)
@@ -17,6 +18,8 @@ env_setup() {
 install() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$@"; }
 case "${1:-env}" in
   p1) mkdir -p /tmp/parts && cp .gpu/p1/vllm.part1 /tmp/parts/ && install .gpu/p1/*.whl
+      env_setup; python3 -c "import rlcoach, trl, pydantic; print('rlcoach ok, trl', trl.__version__)" ;;
+  t1) install .gpu/t1/*.whl
       env_setup; python3 -c "import rlcoach, trl, pydantic; print('rlcoach ok, trl', trl.__version__)" ;;
   p2) cp .gpu/p2/vllm.part2 /tmp/parts/ ;;
   p3) w=/tmp/vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl

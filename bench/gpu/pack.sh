@@ -7,6 +7,8 @@
 #            the vLLM OpenAI server) and the first part of the vLLM wheel
 #   .gpu/p2  the second part;  .gpu/p3  the last part
 #   .gpu/tok the bundled model's tokenizer and chat template (the gateway renders chats)
+#   .gpu/t1  the small wheels alone (no vLLM): all that the trainer benchmark needs, TRL
+#            included, in one load
 # On the device, bench/gpu/device.sh p1|p2|p3 installs them in turn into /tmp/site.
 set -euo pipefail
 [ -f .gpu/vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl ] || { echo "run ../shared/gpu/pack-vllm.sh first"; exit 1; }
@@ -20,6 +22,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
 rm -f .gpu/p1/* .gpu/p2/* .gpu/p3/*
 find .gpu/wheels -name '*.whl' ! -name 'vllm-*' -exec cp {} .gpu/p1/ \;
 cp .gpu/extra/*.whl .gpu/p1/
+rm -rf .gpu/t1 && mkdir -p .gpu/t1 && cp .gpu/p1/*.whl .gpu/t1/
 small=$(du -cb .gpu/p1/*.whl | tail -1 | cut -f1)
 first=$(( 54 * 1024 * 1024 - small ))
 wheel=.gpu/vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl
@@ -34,4 +37,4 @@ PY
 sha256sum "$wheel" | cut -d' ' -f1 > .gpu/p3/vllm.sha256
 tok="${RLCOACH_CACHE:-$HOME/.cache/rlcoach}/models/smollm2-135m-instruct"
 cp "$tok"/tokenizer.json "$tok"/tokenizer_config.json "$tok"/chat_template.jinja .gpu/tok/
-du -sh .gpu/p1 .gpu/p2 .gpu/p3 .gpu/tok
+du -sh .gpu/p1 .gpu/p2 .gpu/p3 .gpu/tok .gpu/t1

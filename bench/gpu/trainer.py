@@ -13,7 +13,8 @@ Each measurement runs in its own process, so peak memory is that run's alone.
   # a grid, each config for both sides, then a table of ratios (ours / TRL)
   python bench/gpu/trainer.py grid --model /tmp/m4b --configs 4x512+3584 1x1024+15360:ckpt
   (flags after ':' apply to our side: ckpt, nockpt, row<tokens>, chunk<tokens>,
-   profile; notrl skips the peer; with --trl-same-flags TRL gets them too)
+   profile, nocompile, nofuse; notrl skips the peer; with --trl-same-flags TRL gets
+   ckpt/nockpt too)
 
 Reported: tokens/s (prompt + completion tokens per second of wall time, synchronised),
 peak allocated GPU memory, and MFU by the usual 6·N·tokens/s convention against the
@@ -52,9 +53,14 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+WARMUP: dict[str, float] = {}
+
+
 def _timed(step, steps: int) -> float:
-    step()  # warm-up: allocator, kernels, autotuning
+    started = time.perf_counter()
+    step()  # warm-up: allocator, kernels, autotuning, torch.compile
     _sync()
+    WARMUP["warmup_s"] = time.perf_counter() - started
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
@@ -113,7 +119,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, object]:
     config = TrainConfig(
         learning_rate=1e-5, micro_batch_tokens=args.row or tokens,
         logprob_chunk_tokens=args.chunk, activation_checkpointing=args.ckpt,
-        lora={"rank": 16, "alpha": 32},
+        compile_layers=args.compile, fused_lora=args.fuse, lora={"rank": 16, "alpha": 32},
     )  # fmt: skip
     trainer = LoraTrainer(args.model, config)
     if args.peftcast:  # peft's default input cast, to measure what skipping it saves
@@ -125,12 +131,18 @@ def run_ours(args: argparse.Namespace) -> dict[str, object]:
     lora_dtype = next(p.dtype for p in trainer.model.parameters() if p.requires_grad)
 
     def step() -> None:
-        if not trainer.step(groups).trained:
+        stats = trainer.step(groups)
+        if not stats.trained:
             raise RuntimeError("the step trained nothing: the batch needs >= 2 sequences")
+        # The first step's loss and gradient norm: equal across our configurations (same
+        # seed, same batch) up to bf16 rounding, a check that fusing changed no numbers.
+        WARMUP.setdefault("first_loss", stats.loss)
+        WARMUP.setdefault("first_grad_norm", stats.grad_norm)
 
     seconds = _timed(step, args.steps)
     return {"who": "ours", "params": params, "tokens": tokens, "step_s": seconds,
-            "lora_dtype": str(lora_dtype), "ckpt": args.ckpt}  # fmt: skip
+            "lora_dtype": str(lora_dtype), "ckpt": args.ckpt, "compile": args.compile,
+            "fuse": args.fuse, **WARMUP}  # fmt: skip
 
 
 def run_trl(args: argparse.Namespace) -> dict[str, object]:
@@ -221,6 +233,8 @@ def _spawn(model: str, who: str, config: str, steps: int, chunk: int) -> dict[st
             command.append("--no-ckpt")
         elif flag in ("profile", "peftcast"):
             command.append(f"--{flag}")
+        elif flag in ("nocompile", "nofuse"):
+            command.append(f"--no-{flag[2:]}")
         elif flag.startswith("chunk"):
             command[command.index("--chunk") + 1] = flag[5:]
         elif flag.startswith("row"):
@@ -284,6 +298,10 @@ def main() -> None:
     p.add_argument("--row", type=int, default=0, help="our packed row size (0: whole batch)")
     p.add_argument("--profile", action="store_true", help="profile one more step")
     p.add_argument("--peftcast", action="store_true", help="keep peft's fp32 input cast")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                   help="our TrainConfig.compile_layers")  # fmt: skip
+    p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True,
+                   help="our TrainConfig.fused_lora")  # fmt: skip
     p.add_argument(
         "--ckpt",
         action=argparse.BooleanOptionalAction,

@@ -17,7 +17,10 @@ It plugs into transformers as a registered attention implementation
 (`SEGMENT_ATTENTION`): a model loaded with `attn_implementation=SEGMENT_ATTENTION` builds
 no mask at all (transformers skips mask creation for implementations it does not know),
 and the boundaries reach every layer as the `rlcoach_segments` keyword of the forward
-call, a tuple of sequence start offsets followed by the row length.
+call: the sequence start offsets followed by the row length, as a tuple or as a CPU
+int64 tensor. The trainer passes the tensor: a compiled decoder layer (fusion.py) guards
+on a tuple's length and values, so every new set of boundaries would recompile it, while
+a tensor is a graph input whose values the guards ignore.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["SEGMENT_ATTENTION", "register_segment_attention", "segment_attention",
-           "segment_bounds"]  # fmt: skip
+__all__ = ["SEGMENT_ATTENTION", "exclude_from_compilation", "register_segment_attention",
+           "segment_attention", "segment_bounds"]  # fmt: skip
 
 SEGMENT_ATTENTION = "rlcoach_segments"
 """The attention implementation name a model must be loaded with to use this module."""
@@ -51,7 +54,7 @@ def segment_attention(
     attention_mask: torch.Tensor | None,
     dropout: float = 0.0,
     scaling: float | None = None,
-    rlcoach_segments: tuple[int, ...] | None = None,
+    rlcoach_segments: tuple[int, ...] | torch.Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Causal attention within each sequence of a packed row; output [1, T, H, D]."""
@@ -62,6 +65,8 @@ def segment_attention(
         )
     length = query_1HTD.shape[2]
     bounds = rlcoach_segments if rlcoach_segments is not None else (0, length)
+    if isinstance(bounds, torch.Tensor):  # a CPU tensor: reading it does not sync the GPU
+        bounds = tuple(bounds.tolist())
     if bounds[-1] != length:
         raise ValueError(
             f"sequence boundaries {bounds[:4]}...{bounds[-1]} do not end at the row length "
@@ -84,3 +89,12 @@ def register_segment_attention() -> None:
     from transformers import AttentionInterface
 
     AttentionInterface.register(SEGMENT_ATTENTION, segment_attention)
+
+
+def exclude_from_compilation() -> None:
+    """Register the attention so that `torch.compile` leaves it out of compiled graphs
+    (it runs eagerly between them): its loop follows the row's sequence boundaries,
+    which differ from step to step and would recompile a compiled layer each time."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(SEGMENT_ATTENTION, torch.compiler.disable(segment_attention))

@@ -12,7 +12,8 @@ Attention inside a packed row is per sequence (`attention.py`): the row is cut a
 sequence boundaries and each piece runs causal sdpa with no mask (FlashAttention on a
 GPU), so no [T x T] mask is built. `activation_checkpointing` recomputes each decoder
 layer in the backward pass instead of keeping its activations (less memory, about a
-third more compute).
+third more compute). On a GPU each decoder layer is also compiled and each LoRA update is
+fused into its base matmul (`fusion.py`; `compile_layers`, `fused_lora`).
 
 On the CPU the weights stay fp32 and the step runs under bf16 autocast where the CPU has
 bf16 instructions (about twice as fast as plain fp32), in plain fp32 where it has not
@@ -34,12 +35,14 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rlcoach.config import TrainConfig
+from rlcoach.families import lora_targets
 from rlcoach.hardware import fast_bf16
 from rlcoach.trainer.attention import (
     SEGMENT_ATTENTION,
     register_segment_attention,
     segment_bounds,
 )
+from rlcoach.trainer.fusion import compile_decoder_layers, fuse_lora_linears
 from rlcoach.trainer.objective import group_advantages, loss_normalizer, policy_loss
 from rlcoach.trainer.sequences import PackedRow, TrainSequence, build_sequences, pack_sequences
 from rlcoach.types import TrajectoryGroup
@@ -82,7 +85,7 @@ def chunked_token_logprobs(
     if getattr(causal_lm.config, "_attn_implementation", None) == SEGMENT_ATTENTION:
         # Per-sequence attention: boundaries instead of a mask (see attention.py).
         hidden_1TH = backbone(input_ids=input_ids_1T, position_ids=position_ids_1T,
-                              rlcoach_segments=segment_bounds(position_ids_1T[0]),
+                              rlcoach_segments=torch.tensor(segment_bounds(position_ids_1T[0])),
                               ).last_hidden_state  # fmt: skip
     else:
         # Any other attention: a block-diagonal causal mask, with a new block wherever
@@ -137,7 +140,8 @@ class LoraTrainer:
             base,
             LoraConfig(
                 r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                target_modules=lora.target_modules, task_type="CAUSAL_LM",
+                target_modules=lora_targets(lora.target_modules, model_path),
+                task_type="CAUSAL_LM",
             ),
         )  # fmt: skip
         if self.device.type == "cuda":
@@ -147,6 +151,11 @@ class LoraTrainer:
             for module in self.model.modules():
                 if hasattr(module, "lora_A"):
                     module.cast_input_dtype_enabled = False
+            # GPU only (fusion.py): on the CPU inductor's compiling costs more than it saves.
+            if config.fused_lora:
+                fuse_lora_linears(self.model)
+            if config.compile_layers:
+                compile_decoder_layers(base)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=config.learning_rate,
