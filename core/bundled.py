@@ -23,6 +23,7 @@ from pathlib import Path
 
 from rlcoach.chat_template import TOOL_CHAT_TEMPLATE
 from rlcoach.errors import ConfigError
+from rlcoach.paths import write_text_atomic
 
 __all__ = ["BUNDLED_MODEL", "bundled_model_path", "cache_dir"]
 
@@ -59,6 +60,10 @@ def bundled_model_path() -> Path:
     """Return the converted safetensors folder, converting on first use (~60 s)."""
     target = cache_dir() / "models" / BUNDLED_MODEL
     if (target / _CONVERTED_MARK).exists():
+        template = target / "chat_template.jinja"
+        if not template.is_file() or template.read_text() != TOOL_CHAT_TEMPLATE:
+            # A folder converted by an older rlcoach: bring its template up to date.
+            write_text_atomic(template, TOOL_CHAT_TEMPLATE)
         return target
     gguf = _gguf_file()
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ import re
 import uuid
 from typing import Any
 
-__all__ = ["TOOL_CHAT_TEMPLATE", "parse_tool_calls"]
+__all__ = ["TOOL_CHAT_TEMPLATE", "jinja_literal", "parse_tool_calls", "template_messages"]
 
 _DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
@@ -64,11 +64,12 @@ _TEMPLATE = r"""
 {{- '<|im_end|>\n' -}}
 {%- for message in rest -%}
   {%- if message.role == 'assistant' -%}
-    {{- '<|im_start|>assistant\n' -}}
-    {%- if message.content -%}{{- render_content(message.content) -}}{%- endif -%}
+    {#- vLLM may pass content as a list of parts: test the rendered text, not the list. -#}
+    {%- set content = render_content(message.content) | string -%}
+    {{- '<|im_start|>assistant\n' + content -}}
     {%- for call in (message.tool_calls or []) -%}
       {%- set fn = call.function if call.function is defined else call -%}
-      {%- if message.content or not loop.first -%}{{- '\n' -}}{%- endif -%}
+      {%- if content or not loop.first -%}{{- '\n' -}}{%- endif -%}
       {{- '<tool_call>\n{"name": "' + fn.name + '", "arguments": ' -}}
       {%- if fn.arguments is string -%}{{- fn.arguments -}}
       {%- else -%}{{- fn.arguments | tojson -}}{%- endif -%}
@@ -87,15 +88,15 @@ _TEMPLATE = r"""
 """
 
 
-def _jinja_literal(text: str) -> str:
+def jinja_literal(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n") + "'"
 
 
 TOOL_CHAT_TEMPLATE = (
     _TEMPLATE.strip()
-    .replace("DEFAULT_SYSTEM", _jinja_literal(_DEFAULT_SYSTEM))
-    .replace("TOOLS_PREAMBLE", _jinja_literal(_TOOLS_PREAMBLE))
-    .replace("TOOLS_INSTRUCTION", _jinja_literal(_TOOLS_INSTRUCTION))
+    .replace("DEFAULT_SYSTEM", jinja_literal(_DEFAULT_SYSTEM))
+    .replace("TOOLS_PREAMBLE", jinja_literal(_TOOLS_PREAMBLE))
+    .replace("TOOLS_INSTRUCTION", jinja_literal(_TOOLS_INSTRUCTION))
 )
 """The template text (Jinja), as written into the converted model's folder."""
 
@@ -137,3 +138,29 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
     kept.append(text[cursor:])
     content = "".join(kept).strip()
     return (content or None), calls
+
+
+def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`messages` as vLLM hands them to a chat template: tool-call arguments as objects.
+
+    OpenAI messages carry arguments as JSON strings; templates that write calls in another
+    syntax (Gemma's Python-style lists) need the object, so every renderer outside vLLM
+    (SFT, tests) must pass what vLLM passes or its token ids will differ.
+    """
+    converted = []
+    for message in messages:
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        if not calls:
+            converted.append(message)
+            continue
+        fixed = []
+        for call in calls:
+            function = dict(call.get("function") or {})
+            if isinstance(function.get("arguments"), str):
+                try:
+                    function["arguments"] = json.loads(function["arguments"] or "{}")
+                except json.JSONDecodeError:
+                    function["arguments"] = {}  # what vLLM does with a malformed string
+            fixed.append({**call, "function": function})
+        converted.append({**message, "tool_calls": fixed})
+    return converted

