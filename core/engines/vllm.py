@@ -51,8 +51,8 @@ def on_gpu() -> bool:
         return False
 
 
-def _parent_death_signal() -> Any:
-    """A pre-exec hook that makes the child get SIGKILL when the thread that spawned it dies.
+def _parent_death_signal(signum: int = signal.SIGKILL) -> Any:
+    """A pre-exec hook that makes the child get `signum` when the thread that spawned it dies.
 
     A server killed with -9 cannot stop its engine; without this its vLLM process would
     hold its memory (and a CPU) forever and a restarted server would start a second. The
@@ -64,9 +64,37 @@ def _parent_death_signal() -> Any:
         return None
 
     def hook() -> None:
-        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        prctl(1, signum)  # PR_SET_PDEATHSIG
 
     return hook
+
+
+# The parent-death signal reaches only the direct child (the API server); vLLM's own
+# children (EngineCore, its workers) outlived a kill -9 of the API server or of `serve`
+# and kept a CPU and gigabytes. So a watchdog, in a session of its own (a Ctrl-C of
+# `serve` does not reach it), gets SIGTERM when `serve` dies and kills vLLM's whole
+# process group; `restart` and `close` kill the group themselves and stop the watchdog.
+_REAPER = """
+import os, signal, sys
+group, parent = int(sys.argv[1]), int(sys.argv[2])
+def reap(*_):
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    os._exit(0)
+signal.signal(signal.SIGTERM, reap)
+if os.getppid() != parent:
+    reap()
+while True:
+    signal.pause()
+"""
+
+
+def _kill_group(process: subprocess.Popen[bytes] | None, signum: int) -> None:
+    if process is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signum)
 
 
 def _tail(path: Path, lines: int = 25) -> str:
@@ -93,6 +121,7 @@ class VLLMEngine:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._process: subprocess.Popen[bytes] | None = None
+        self._reaper: subprocess.Popen[bytes] | None = None
         self._client: httpx.AsyncClient | None = None
 
     def command(self) -> list[str]:
@@ -138,6 +167,22 @@ class VLLMEngine:
                 preexec_fn=_parent_death_signal() if sys.platform == "linux" else None,
             )  # fmt: skip
 
+    def _watch_group(self, process: subprocess.Popen[bytes]) -> subprocess.Popen[bytes] | None:
+        """Start the watchdog that kills `process`'s group when this process dies."""
+        if sys.platform != "linux":
+            return None
+        return subprocess.Popen(
+            [sys.executable, "-c", _REAPER, str(process.pid), str(os.getpid())],
+            stdin=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=_parent_death_signal(signal.SIGTERM),
+        )  # fmt: skip
+
+    async def _stop_reaper(self) -> None:
+        reaper, self._reaper = self._reaper, None
+        if reaper is not None and reaper.poll() is None:
+            reaper.terminate()  # it kills the (already stopped) group and exits
+            await asyncio.to_thread(reaper.wait)
+
     async def start(self) -> None:
         if importlib.util.find_spec("vllm") is None:
             raise EngineStartError(
@@ -163,9 +208,9 @@ class VLLMEngine:
     async def restart(self) -> None:
         """Start a fresh server on the same port after a crash (adapters are not loaded)."""
         if self._process is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self._process.pid, signal.SIGKILL)  # children left by the crash
+            _kill_group(self._process, signal.SIGKILL)  # EngineCore and workers left by the crash
             await asyncio.to_thread(self._process.wait)
+        await self._stop_reaper()
         await self._launch()
 
     async def _launch(self) -> None:
@@ -174,6 +219,7 @@ class VLLMEngine:
         # Spawned on this (long-lived) loop thread: the child's parent-death signal fires
         # when the spawning thread exits, and a worker thread of to_thread may exit early.
         self._process = self._spawn()
+        self._reaper = self._watch_group(self._process)
         deadline = started + self.config.startup_timeout_s
         while time.monotonic() < deadline:
             code = self._process.poll()
@@ -243,13 +289,13 @@ class VLLMEngine:
             await self._client.aclose()
             self._client = None
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            await asyncio.to_thread(process.wait, 30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            await asyncio.to_thread(process.wait)
+        if process is not None and process.poll() is None:
+            _kill_group(process, signal.SIGTERM)
+            try:
+                await asyncio.to_thread(process.wait, 30)
+            except subprocess.TimeoutExpired:
+                _kill_group(process, signal.SIGKILL)
+                await asyncio.to_thread(process.wait)
+        # The API server may be gone (a crash) while its children are not.
+        _kill_group(process, signal.SIGKILL)
+        await self._stop_reaper()
