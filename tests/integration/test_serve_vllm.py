@@ -103,8 +103,10 @@ def test_vllm_examples_run_unchanged_against_serve(server, script, args, tmp_pat
 
 async def _chat(http: httpx.AsyncClient, model: str, max_tokens: int) -> tuple[float, int, dict]:
     started = time.monotonic()
-    response = await http.post("/v1/chat/completions", json={
-        "model": model, "messages": QUESTION, "max_tokens": max_tokens, "temperature": 1.0})
+    response = await http.post(
+        "/v1/chat/completions",
+        json={"model": model, "messages": QUESTION, "max_tokens": max_tokens, "temperature": 1.0},
+    )
     return started, response.status_code, response.json()
 
 
