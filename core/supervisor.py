@@ -30,7 +30,8 @@ class RestartableEngine(Protocol):
         """The exit code once the process has died; None while it runs."""
 
     async def restart(self) -> None:
-        """Start the engine again (no adapter loaded); return once it answers."""
+        """Kill what is left of the dead engine (its children), start it again (no adapter
+        loaded) and return once it answers."""
 
 
 class EngineSupervisor:
