@@ -90,11 +90,16 @@ class TrainConfig(_Strict):
     """Recompute each decoder layer in the backward pass instead of keeping its
     activations: far less memory for long rows (16K tokens) at about a third more compute."""
     compile_layers: bool = True
-    """On a GPU, `torch.compile` each decoder layer (element-wise chains fused into a few
-    kernels; about a minute of compiling at the first step). Ignored on the CPU."""
+    """On a GPU, `torch.compile` each decoder layer and the vocabulary projection
+    (element-wise chains fused into a few kernels; 35-45 s of compiling at the first
+    step on the 4B shape). Ignored on the CPU."""
     fused_lora: bool = True
     """On a GPU, add each LoRA update inside the base matmul's epilogue instead of with
     two extra passes over the layer's output (trainer/fusion.py). Ignored on the CPU."""
+    fused_logprob: bool = False
+    """On a GPU, compute each token's log-prob gradient in the forward pass instead of
+    recomputing the logits in the backward (trainer/fusion.py `TargetLogprob`); off until
+    measured on a GPU. Ignored on the CPU."""
     max_grad_norm: float = Field(1.0, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
     lora: LoraConfig = Field(default_factory=LoraConfig)

@@ -13,8 +13,8 @@ Each measurement runs in its own process, so peak memory is that run's alone.
   # a grid, each config for both sides, then a table of ratios (ours / TRL)
   python bench/gpu/trainer.py grid --model /tmp/m4b --configs 4x512+3584 1x1024+15360:ckpt
   (flags after ':' apply to our side: ckpt, nockpt, row<tokens>, chunk<tokens>,
-   profile, nocompile, nofuse; notrl skips the peer; with --trl-same-flags TRL gets
-   ckpt/nockpt too)
+   profile, nocompile, nofuse, fusedlogprob; notrl skips the peer; with
+   --trl-same-flags TRL gets ckpt/nockpt too)
 
 Reported: tokens/s (prompt + completion tokens per second of wall time, synchronised),
 peak allocated GPU memory, and MFU by the usual 6·N·tokens/s convention against the
@@ -119,7 +119,8 @@ def run_ours(args: argparse.Namespace) -> dict[str, object]:
     config = TrainConfig(
         learning_rate=1e-5, micro_batch_tokens=args.row or tokens,
         logprob_chunk_tokens=args.chunk, activation_checkpointing=args.ckpt,
-        compile_layers=args.compile, fused_lora=args.fuse, lora={"rank": 16, "alpha": 32},
+        compile_layers=args.compile, fused_lora=args.fuse, fused_logprob=args.fused_logprob,
+        lora={"rank": 16, "alpha": 32},
     )  # fmt: skip
     trainer = LoraTrainer(args.model, config)
     if args.peftcast:  # peft's default input cast, to measure what skipping it saves
@@ -142,7 +143,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, object]:
     seconds = _timed(step, args.steps)
     return {"who": "ours", "params": params, "tokens": tokens, "step_s": seconds,
             "lora_dtype": str(lora_dtype), "ckpt": args.ckpt, "compile": args.compile,
-            "fuse": args.fuse, **WARMUP}  # fmt: skip
+            "fuse": args.fuse, "fused_logprob": args.fused_logprob, **WARMUP}  # fmt: skip
 
 
 def run_trl(args: argparse.Namespace) -> dict[str, object]:
@@ -235,6 +236,8 @@ def _spawn(model: str, who: str, config: str, steps: int, chunk: int) -> dict[st
             command.append(f"--{flag}")
         elif flag in ("nocompile", "nofuse"):
             command.append(f"--no-{flag[2:]}")
+        elif flag == "fusedlogprob":
+            command.append("--fused-logprob")
         elif flag.startswith("chunk"):
             command[command.index("--chunk") + 1] = flag[5:]
         elif flag.startswith("row"):
@@ -302,6 +305,8 @@ def main() -> None:
                    help="our TrainConfig.compile_layers")  # fmt: skip
     p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True,
                    help="our TrainConfig.fused_lora")  # fmt: skip
+    p.add_argument("--fused-logprob", action="store_true",
+                   help="our TrainConfig.fused_logprob")  # fmt: skip
     p.add_argument(
         "--ckpt",
         action=argparse.BooleanOptionalAction,

@@ -1,41 +1,51 @@
-"""GPU speed-ups of the LoRA step: one fused LoRA linear, and each decoder layer compiled.
+"""GPU speed-ups of the LoRA step: a fused LoRA linear, compiled decoder layers, and a
+log-prob whose gradient is computed in the forward pass.
 
 A profile of the eager step on an H200 (README, "Performance on an H200") spent a third
 of the GPU's time in small element-wise kernels between the matrix products: RMSNorm,
 RoPE, SwiGLU and dtype casts in transformers' eager modelling, and peft's LoRA epilogue
 (`result + lora_B(lora_A(x)) * scaling`: two more full passes over every linear layer's
-output). Two changes attack that, both applied by the trainer on a GPU only and each
-switched off by its own `TrainConfig` field:
+output). The trainer applies these on a GPU only, each behind its own `TrainConfig` field:
 
-- `fuse_lora_linears` (`fused_lora`): each peft LoRA linear computes its low-rank update
-  straight into the base layer's output, `y.addmm_(x @ A^T, B^T, alpha=scaling)`, so the
-  scaling and the residual add happen in the matmul's epilogue instead of in two kernels
-  over [tokens x out_features]. Anything but the plain case (adapter disabled or merged,
-  several adapters, DoRA and other variants, extra arguments) goes through peft's own
-  forward unchanged, so the reference pass (`disable_adapter`) still works.
-- `compile_decoder_layers` (`compile_layers`): `torch.compile` of each decoder layer
+- `fuse_lora_linears` (`fused_lora`, on): each peft LoRA linear computes its low-rank
+  update straight into the base layer's output, `y.addmm_(x @ A^T, B^T, alpha=scaling)`,
+  so the scaling and the residual add happen in the matmul's epilogue instead of in two
+  kernels over [tokens x out_features]. Anything but the plain case (adapter disabled or
+  merged, several adapters, DoRA and other variants, extra arguments) goes through peft's
+  own forward unchanged, so the reference pass (`disable_adapter`) still works.
+- `compile_decoder_layers` (`compile_layers`, on): `torch.compile` of each decoder layer
   ("regional" compilation: layers share one compiled graph, so compiling costs one layer,
   not the whole model). Inductor fuses the element-wise chains into a few Triton kernels.
   Attention itself stays eager (`segment_attention` is excluded from the graph): its loop
   over the sequences of a packed row depends on the row's boundaries, which change every
-  step and would otherwise recompile the layer every step. Row lengths change too, so
-  the layers are compiled with a dynamic length from the start.
+  step and would otherwise recompile the layer every step. Row lengths change too, so the
+  layers are compiled with a dynamic length from the start. The same field compiles the
+  vocabulary projection of lora.py.
+- `TargetLogprob` (`fused_logprob`, off: checked on the CPU, not yet measured on a GPU):
+  the log-prob of each target token under the frozen output layer, with its gradient
+  computed in the forward pass. A log-prob is one number per token, so its gradient with
+  respect to the hidden state is a fixed vector, `W[target] - softmax(logits) @ W`, that
+  the backward pass only scales. That replaces the checkpointed projection (the [tokens x
+  vocab] logits computed twice, then softmax's backward over them) by one more matmul in
+  the forward pass and a [tokens x hidden] fp32 tensor kept for the backward.
 
-Both keep parameter names, so peft's adapter saving and loading are unchanged. On the CPU
-the trainer applies neither (inductor's CPU code generation takes minutes on a small
-machine and gains little there); the unit tests check them on the CPU directly, with
-`backend="aot_eager"` for the compiled path.
+All keep parameter names, so peft's adapter saving and loading are unchanged. On the CPU
+the trainer applies none (inductor's CPU code generation takes minutes on a small machine
+and gains little there); the unit tests check them on the CPU directly, with
+`backend="aot_eager"` for the compiled layers.
 """
 
 from __future__ import annotations
 
+import functools
 import types
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["compile_decoder_layers", "fuse_lora_linears"]
+__all__ = ["TargetLogprob", "compile_decoder_layers", "compiled_target_logprob",
+           "fuse_lora_linears"]  # fmt: skip
 
 
 def _fused_lora_forward(module: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -93,3 +103,36 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
         if isinstance(layers, torch.nn.ModuleList) and len(layers) > 0:
             return list(layers)
     return []
+
+
+class TargetLogprob(torch.autograd.Function):
+    """`log_softmax(h_CH @ weight_VH^T)[c, t_C[c]]` for a frozen `weight_VH`, shape [C]
+    (fp32); the gradient with respect to `h_CH` is computed in the forward pass."""
+
+    @staticmethod
+    def forward(ctx: Any, h_CH: torch.Tensor, weight_VH: torch.Tensor,
+                t_C: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        ctx.h_dtype = h_CH.dtype
+        logits_CV = (h_CH.to(weight_VH.dtype) @ weight_VH.t()).float()
+        lse_C = torch.logsumexp(logits_CV, dim=-1)
+        logprob_C = logits_CV.gather(-1, t_C[:, None])[:, 0] - lse_C
+        if ctx.needs_input_grad[0]:
+            probs_CV = torch.exp(logits_CV - lse_C[:, None]).to(weight_VH.dtype)
+            ctx.save_for_backward(weight_VH[t_C].float() - (probs_CV @ weight_VH).float())
+        return logprob_C
+
+    @staticmethod
+    def backward(ctx: Any, grad_C: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
+        (jacobian_CH,) = ctx.saved_tensors
+        return (grad_C[:, None] * jacobian_CH).to(ctx.h_dtype), None, None
+
+
+def _target_logprob(h_CH: torch.Tensor, weight_VH: torch.Tensor,
+                    t_C: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    return TargetLogprob.apply(h_CH, weight_VH, t_C)
+
+
+@functools.cache
+def compiled_target_logprob() -> Any:
+    """`TargetLogprob` through `torch.compile` (chunk lengths vary: dynamic shapes)."""
+    return torch.compile(_target_logprob, dynamic=True)

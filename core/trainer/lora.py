@@ -25,6 +25,7 @@ model with the adapter disabled: no second copy.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -42,7 +43,11 @@ from rlcoach.trainer.attention import (
     register_segment_attention,
     segment_bounds,
 )
-from rlcoach.trainer.fusion import compile_decoder_layers, fuse_lora_linears
+from rlcoach.trainer.fusion import (
+    compile_decoder_layers,
+    compiled_target_logprob,
+    fuse_lora_linears,
+)
 from rlcoach.trainer.objective import group_advantages, loss_normalizer, policy_loss
 from rlcoach.trainer.sequences import PackedRow, TrainSequence, build_sequences, pack_sequences
 from rlcoach.types import TrajectoryGroup
@@ -76,10 +81,32 @@ class StepStats:
         return {name: getattr(self, name) for name in self.__slots__}
 
 
+def _project(lm_head: torch.nn.Module, h_CH: torch.Tensor, t_C: torch.Tensor) -> torch.Tensor:
+    """Log-prob of the targets `t_C` under the logits of `h_CH` (fp32, shape [C])."""
+    logits_CV = lm_head(h_CH).float()
+    return logits_CV.gather(-1, t_C[:, None])[:, 0] - torch.logsumexp(logits_CV, dim=-1)
+
+
+@functools.cache
+def _compiled_project() -> Any:
+    # Inductor reads the bf16 logits once per pass and never writes an fp32 copy of them
+    # (eager: a [C x vocab] fp32 cast, then log-sum-exp and its backward over it).
+    return torch.compile(_project, dynamic=True)
+
+
 def chunked_token_logprobs(
-    causal_lm: Any, input_ids_1T: torch.Tensor, position_ids_1T: torch.Tensor, chunk: int
+    causal_lm: Any,
+    input_ids_1T: torch.Tensor,
+    position_ids_1T: torch.Tensor,
+    chunk: int,
+    compiled: bool = False,
+    fused_logprob: bool = False,
 ) -> torch.Tensor:
-    """Log-prob of each token given the ones before it, shape [T-1] (fp32)."""
+    """Log-prob of each token given the ones before it, shape [T-1] (fp32).
+
+    `compiled` runs the vocabulary projection through `torch.compile`; `fused_logprob`
+    uses the compiled `TargetLogprob` of fusion.py instead where the output layer is a
+    frozen bias-free linear (the trainer sets them on a GPU only)."""
     backbone = causal_lm.get_decoder() if hasattr(causal_lm, "get_decoder") else causal_lm.model
     lm_head = causal_lm.get_output_embeddings()
     if getattr(causal_lm.config, "_attn_implementation", None) == SEGMENT_ATTENTION:
@@ -100,14 +127,15 @@ def chunked_token_logprobs(
     hidden_TH = hidden_1TH[0, :-1]
     targets_T = input_ids_1T[0, 1:]
 
-    def project(h_CH: torch.Tensor, t_C: torch.Tensor) -> torch.Tensor:
-        logits_CV = lm_head(h_CH).float()
-        return logits_CV.gather(-1, t_C[:, None])[:, 0] - torch.logsumexp(logits_CV, dim=-1)
-
+    fused = (fused_logprob and type(lm_head) is torch.nn.Linear and lm_head.bias is None
+             and not lm_head.weight.requires_grad)  # fmt: skip
+    project = functools.partial(_compiled_project() if compiled else _project, lm_head)
     pieces = []
     for start in range(0, hidden_TH.shape[0], chunk):
         h_CH, t_C = hidden_TH[start : start + chunk], targets_T[start : start + chunk]
-        if torch.is_grad_enabled():
+        if fused:  # no checkpoint: only a [C x hidden] tensor is kept for the backward
+            pieces.append(compiled_target_logprob()(h_CH, lm_head.weight, t_C))
+        elif torch.is_grad_enabled():
             pieces.append(checkpoint(project, h_CH, t_C, use_reentrant=False))
         else:
             pieces.append(project(h_CH, t_C))
@@ -172,13 +200,15 @@ class LoraTrainer:
         ids = row.input_ids_T[None].to(self.device)
         positions = row.position_ids_T[None].to(self.device)
         causal_lm = self.model.get_base_model()
+        gpu = self.device.type == "cuda"
+        options = {"chunk": self.config.logprob_chunk_tokens,
+                   "compiled": self.config.compile_layers and gpu,
+                   "fused_logprob": self.config.fused_logprob and gpu}  # fmt: skip
         with self._autocast():
             if use_adapter:
-                return chunked_token_logprobs(causal_lm, ids, positions,
-                                              self.config.logprob_chunk_tokens)  # fmt: skip
+                return chunked_token_logprobs(causal_lm, ids, positions, **options)
             with self.model.disable_adapter(), torch.no_grad():
-                return chunked_token_logprobs(causal_lm, ids, positions,
-                                              self.config.logprob_chunk_tokens)  # fmt: skip
+                return chunked_token_logprobs(causal_lm, ids, positions, **options)
 
     def step(self, groups: list[TrajectoryGroup], config: TrainConfig | None = None) -> StepStats:
         """Train on `groups`; returns stats (`trained=False` when no group had variance)."""

@@ -13,8 +13,8 @@ import torch
 
 from rlcoach.config import TrainConfig
 from rlcoach.trainer.attention import SEGMENT_ATTENTION, register_segment_attention
-from rlcoach.trainer.fusion import compile_decoder_layers, fuse_lora_linears
-from rlcoach.trainer.lora import chunked_token_logprobs
+from rlcoach.trainer.fusion import TargetLogprob, compile_decoder_layers, fuse_lora_linears
+from rlcoach.trainer.lora import _project, chunked_token_logprobs
 
 
 def _tiny_lora_model():
@@ -89,10 +89,30 @@ def test_compiled_layers_match_eager_and_do_not_recompile_per_row():
         torch._dynamo.reset()
 
 
+def test_target_logprob_gives_the_projections_values_and_gradient():
+    torch.manual_seed(0)
+    head = torch.nn.Linear(32, 500, bias=False).requires_grad_(False)
+    h_CH = torch.randn(24, 32, requires_grad=True)
+    t_C = torch.randint(0, 500, (24,))
+    weight_C = torch.linspace(-1, 1, 24)
+    want = _project(head, h_CH, t_C)
+    (want_grad,) = torch.autograd.grad((want * weight_C).sum(), h_CH)
+    got = TargetLogprob.apply(h_CH, head.weight, t_C)
+    (got_grad,) = torch.autograd.grad((got * weight_C).sum(), h_CH)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_grad, want_grad, atol=1e-5, rtol=1e-4)
+    with torch.no_grad():  # the reference pass keeps no gradient
+        torch.testing.assert_close(TargetLogprob.apply(h_CH, head.weight, t_C), want.detach())
+
+
 @pytest.mark.parametrize("field", ["compile_layers", "fused_lora"])
 def test_gpu_speed_ups_are_on_by_default_and_can_be_turned_off(field):
     assert getattr(TrainConfig(), field) is True
     assert getattr(TrainConfig(**{field: False}), field) is False
+
+
+def test_the_unmeasured_fused_logprob_is_off_by_default():
+    assert TrainConfig().fused_logprob is False
 
 
 def test_the_cpu_trainer_leaves_the_model_eager(model_path):
