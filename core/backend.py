@@ -251,13 +251,19 @@ class LocalBackend:
             return []
         return self.gateway.recorder.take(rollout_id)
 
+    def _train_device(self) -> str | None:
+        """The trainer's GPU from the engine's placement (None: the trainer's default)."""
+        placement = getattr(self.engine, "placement", None)
+        resolved = placement() if callable(placement) else None
+        return resolved.train_device() if resolved is not None else None
+
     def _trainer(self, model: TrainableModel) -> LoraTrainer:
         trainer = self._trainers.get(model.name)
         if trainer is None:
             from rlcoach.trainer.lora import LoraTrainer
 
             assert self._model_path is not None
-            trainer = LoraTrainer(self._model_path, model.config)
+            trainer = LoraTrainer(self._model_path, model.config, device=self._train_device())
             latest = self.paths(model).latest_checkpoint()
             if latest is not None:
                 trainer.load(latest[1])

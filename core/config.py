@@ -14,6 +14,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rlcoach.errors import ConfigError
+from rlcoach.placement import PlacementConfig
 
 __all__ = ["EngineConfig", "LoraConfig", "SFTConfig", "TrainConfig", "check_name", "parse_config"]
 
@@ -146,6 +147,8 @@ class EngineConfig(_Strict):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     """Weights' dtype in the engine; "auto": the checkpoint's, but float32 on a CPU without
     fast bf16 (`rlcoach.hardware`)."""
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
+    """Which GPUs serve and which train (`rlcoach.placement`); derived when left empty."""
 
     @model_validator(mode="after")
     def _template_exists(self) -> EngineConfig:

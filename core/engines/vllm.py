@@ -30,6 +30,7 @@ from rlcoach.engines.base import EngineHTTPError
 from rlcoach.errors import EngineError, EngineStartError
 from rlcoach.families import fallback_chat_template, family_of
 from rlcoach.paths import write_text_atomic
+from rlcoach.placement import Placement, resolve_placement
 
 __all__ = ["VLLMEngine", "free_port", "on_gpu"]
 
@@ -157,9 +158,17 @@ class VLLMEngine:
             args += ["--chat-template", str(template)]
         if on_gpu():
             args += ["--gpu-memory-utilization", str(c.gpu_memory_utilization)]
+            if (placement := self.placement()) is not None:
+                args += placement.vllm_args()
         else:
             args += ["--enforce-eager"]
         return args + list(c.extra_args)
+
+    def placement(self) -> Placement | None:
+        """Where vLLM and the trainer run on this host's GPUs (None without a GPU)."""
+        import torch
+
+        return resolve_placement(self.config.placement, torch.cuda.device_count())
 
     def dtype(self) -> str:
         """`EngineConfig.dtype`, with "auto" meaning float32 on a CPU without fast bf16:
@@ -174,6 +183,8 @@ class VLLMEngine:
         env = dict(os.environ)
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.config.kv_cache_gib))
+        if on_gpu() and (placement := self.placement()) is not None:
+            env.update(placement.vllm_env(os.environ.get("CUDA_VISIBLE_DEVICES")))
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as log:
             return subprocess.Popen(

@@ -145,12 +145,16 @@ def chunked_token_logprobs(
 class LoraTrainer:
     """A causal LM with a peft LoRA adapter and its optimizer."""
 
-    def __init__(self, model_path: str | Path, config: TrainConfig) -> None:
+    def __init__(self, model_path: str | Path, config: TrainConfig,
+                 device: str | None = None) -> None:  # fmt: skip
         from peft import LoraConfig, get_peft_model
         from transformers import AutoModelForCausalLM
 
         self.config = config
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        default = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device or default)
+        if self.device.type == "cuda" and self.device.index is not None:
+            torch.cuda.set_device(self.device)  # kernels and memory stats on the placed GPU
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         torch.manual_seed(config.seed)
         register_segment_attention()
