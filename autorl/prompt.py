@@ -1,13 +1,15 @@
 """A system prompt for the agent, written by the generator from the task description.
 
 Optional: a dataset records the system prompt it was generated with (`dataset.json`), so
-training and evaluation use the same one. The answer is plain text; an empty, truncated
-or overlong answer is retried with the problem fed back.
+training and evaluation use the same one. The answer is plain text; an overlong or cut-off
+answer keeps its first whole sentences that fit, and an empty or too short one (or an
+overlong one with no whole sentence that fits) is retried with the problem fed back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +19,16 @@ from rlcoach.model import Model
 from rlcoach.usage import ModelUsage
 
 __all__ = ["generate_system_prompt"]
+
+_MIN_TRIMMED = 40
+"""Shortest trimmed prompt kept (characters): shorter, the answer is asked for again."""
+_SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
+
+
+def _whole_sentences(text: str, max_chars: int) -> str:
+    """The longest run of whole sentences at the start of `text` within `max_chars`."""
+    ends = [m.end() for m in _SENTENCE_END.finditer(text) if m.end() <= max_chars]
+    return text[: ends[-1]].strip() if ends else ""
 
 
 async def generate_system_prompt(
@@ -59,6 +71,11 @@ async def generate_system_prompt(
             choice = response.choices[0]
             text = (choice.message.content or "").strip()
             if choice.finish_reason == "length" or len(text) > max_chars:
+                # A small generator rambles on: its first whole sentences that fit are a
+                # usable prompt; only when none fit is the answer sent back.
+                kept = _whole_sentences(text, max_chars)
+                if len(kept) >= _MIN_TRIMMED:
+                    return kept
                 problem = f"the prompt is longer than {max_chars} characters"
             elif len(text) < 20:
                 problem = "the prompt is empty or too short to guide the agent"

@@ -24,6 +24,7 @@ or the environment asks for (Langfuse, W&B), which never block or fail a step.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -132,9 +133,14 @@ class LocalBackend:
     def __init__(self, root: str | os.PathLike[str] = DEFAULT_ROOT,
                  engine: EngineConfig | dict[str, Any] | None = None,
                  sinks: SinkConfig | dict[str, Any] | list[str | Sink] | None = None,
-                 ) -> None:  # fmt: skip
+                 max_trainers: int = 2) -> None:  # fmt: skip
         """`sinks`: plug-in sinks by name (`["wandb"]`), `Sink` objects, or a `SinkConfig`
-        (dict form accepted); Langfuse turns on by itself when its keys are set."""
+        (dict form accepted); Langfuse turns on by itself when its keys are set.
+        `max_trainers`: trainers kept in memory (each holds a copy of the base model)."""
+        if max_trainers < 1:
+            raise ConfigError(f"max_trainers={max_trainers}: at least one trainer is needed; "
+                              "fix: pass max_trainers >= 1")  # fmt: skip
+        self.max_trainers = max_trainers
         # Absolute, because the vLLM server resolves adapter paths from its own cwd.
         self.root = Path(root).absolute()
         self.engine_config = parse_config(EngineConfig, engine)
@@ -258,16 +264,25 @@ class LocalBackend:
         return resolved.train_device() if resolved is not None else None
 
     def _trainer(self, model: TrainableModel) -> LoraTrainer:
-        trainer = self._trainers.get(model.name)
+        """The model's trainer; at most `max_trainers` stay in memory (least recently used
+        goes first: every step's checkpoint holds its adapter and optimizer state, so a
+        trainer made again from it resumes exactly)."""
+        trainer = self._trainers.pop(model.name, None)
         if trainer is None:
             from rlcoach.trainer.lora import LoraTrainer
 
+            while len(self._trainers) >= self.max_trainers:
+                evicted = next(iter(self._trainers))
+                del self._trainers[evicted]
+                logger.info("released the trainer of %s (max_trainers=%d)", evicted,
+                            self.max_trainers)  # fmt: skip
+            gc.collect()
             assert self._model_path is not None
             trainer = LoraTrainer(self._model_path, model.config, device=self._train_device())
             latest = self.paths(model).latest_checkpoint()
             if latest is not None:
                 trainer.load(latest[1])
-            self._trainers[model.name] = trainer
+        self._trainers[model.name] = trainer  # (re)inserted last: the most recently used
         return trainer
 
     async def train(self, model: TrainableModel, groups: list[TrajectoryGroup],

@@ -218,7 +218,11 @@ class VLLMEngine:
             )
         self._client = httpx.AsyncClient(
             base_url=self.url, timeout=httpx.Timeout(self.config.request_timeout_s),
-            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
+            # Idle connections are dropped well before vLLM's 5 s keep-alive closes them:
+            # reusing one the server closes at that moment fails the request (a 503 seen
+            # once in 264 chats, the late ones after an idle training step).
+            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256,
+                                keepalive_expiry=2.0),
         )  # fmt: skip
         await self._launch()
 

@@ -128,6 +128,8 @@ def train(
     examples: Annotated[Path | None, typer.Option(
         help="Worked examples (JSON list or JSONL of {request, tool, arguments, answer}) "
              "to show instead of the automatic one.")] = None,
+    warmup_epochs: Annotated[int, typer.Option(
+        min=0, help="SFT epochs on the worked examples before RL (0: none).")] = 0,
     check: Annotated[str | None, typer.Option(
         help="module:function scoring a rollout in [0, 1] (default: tool_use_check).")] = None,
     generator_url: Annotated[str | None, typer.Option(help="Scenario writer's base URL.")] = None,
@@ -160,6 +162,7 @@ def train(
             scenarios_per_step=scenarios_per_step, group_size=group_size,
             eval_samples=eval_samples, demonstration=demonstration,
             examples=read_examples(examples) if examples else [], check=check,
+            warmup_epochs=warmup_epochs,
             agent=AgentConfig(max_turns=max_turns, call_timeout_s=call_timeout,
                               rollout_timeout_s=rollout_timeout, result_chars=result_chars,
                               max_tokens=max_tokens,

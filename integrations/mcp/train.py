@@ -70,6 +70,7 @@ class MCPTrainConfig(BaseModel):
     name: str | None = None
     """The trained model's name (default `<server>-<time>`); an existing one resumes."""
     steps: int = Field(4, ge=0)
+    """RL steps this run (after any warm-up; a resumed model trains this many more)."""
     scenarios: int = Field(24, ge=2)
     """Scenarios to generate (ignored with `scenarios_file`)."""
     scenarios_file: Path | None = None
@@ -83,6 +84,11 @@ class MCPTrainConfig(BaseModel):
     """Put a worked example from a real call before each task (small models need it)."""
     examples: list[Example] = Field(default_factory=list)
     """Worked examples to use instead of the automatic one (run against the server)."""
+    warmup_epochs: int = Field(0, ge=0)
+    """Before RL, fine-tune (SFT) this many epochs on the worked examples, framed as the
+    agent frames a task (system prompt, tools); 0: no warm-up. A small model that never
+    calls a tool gives GRPO groups without reward variance; the warm-up gives it some."""
+    warmup_learning_rate: float = Field(1e-3, gt=0.0)
     generator: Endpoint | None = None
     """Writes the scenarios; default: the base model on the local engine (weak)."""
     judge: Endpoint | None = None
@@ -247,6 +253,9 @@ def _markdown(report: dict[str, Any]) -> str:
         "|---|---|---|---|---|",
         f"| before | {before['success']:.3f} | {before['reward']:.3f} | "
         f"{before['tool_error_rate']:.3f} | {before['failed']:.0f} |",
+        *([f"| after the SFT warm-up | {w['success']:.3f} | {w['reward']:.3f} | "
+           f"{w['tool_error_rate']:.3f} | {w['failed']:.0f} |"]
+          if (w := (report.get("warmup") or {}).get("eval")) else []),
         f"| after | {after['success']:.3f} | {after['reward']:.3f} | "
         f"{after['tool_error_rate']:.3f} | {after['failed']:.0f} |", "",
         "| step | reward | success | tool-call error rate | failed | trained | served |",
@@ -257,6 +266,27 @@ def _markdown(report: dict[str, Any]) -> str:
                      f"{s['tool_error_rate']:.3f} | {s['failed']:.0f} | {s['trained']} | "
                      f"{s['served']} |")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+async def _warm_up(model: TrainableModel, config: MCPTrainConfig,
+                   found: Discovery) -> dict[str, Any]:  # fmt: skip
+    """SFT on the worked examples, each framed as the agent frames a task."""
+    from rlcoach.types import ChatRecord
+
+    system = {"role": "system", "content": config.agent.system_prompt}
+    # The demonstration is blocks of (request, call, result, reply), one per example.
+    blocks = [found.demonstration[i : i + 4] for i in range(0, len(found.demonstration), 4)]
+    if not blocks:
+        raise ConfigError("warmup_epochs needs worked examples, and this server gave none "
+                          "(no tool answered example arguments); fix: pass examples")  # fmt: skip
+    records = [ChatRecord(messages=[system, *block], tools=found.tools.tools) for block in blocks]
+    sft = {"epochs": config.warmup_epochs, "learning_rate": config.warmup_learning_rate}
+    result = await model.train_sft(records, sft)
+    stats = result.stats
+    _log(f"warm-up: SFT on {len(records)} worked examples x {config.warmup_epochs} epochs, "
+         f"loss {stats.loss_first:.3f} -> {stats.loss_last:.3f}, serving {model.served_name}")
+    return {"examples": len(records), "epochs": config.warmup_epochs,
+            "loss_first": stats.loss_first, "loss_last": stats.loss_last}  # fmt: skip
 
 
 async def train_on_server(config: MCPTrainConfig, backend: LocalBackend | None = None, *,
@@ -309,24 +339,30 @@ async def train_on_server(config: MCPTrainConfig, backend: LocalBackend | None =
         _log(f"{len(train)} train and {len(held_out)} held-out scenarios in "
              f"{paths.dir / 'scenarios'}")  # fmt: skip
 
-        async def evaluate(label: str) -> dict[str, float]:
+        async def evaluate(key: str, label: str) -> dict[str, float]:
             groups = await _rollouts(model, config, found, check, held_out, config.eval_samples,
                                      f"eval {model.served_name}")  # fmt: skip
-            save_groups(paths.dir / f"eval_{label.split()[0]}.jsonl", groups)
+            save_groups(paths.dir / f"eval_{key}.jsonl", groups)
             result = summarize(groups)
             _log(f"held-out {label}: success {result['success']:.3f} reward "
                  f"{result['reward']:.3f} tool-call error rate {result['tool_error_rate']:.3f}")
             return result
 
-        before = await evaluate("before training")
+        before = await evaluate("before", "before training")
+        warmup = None
+        if config.warmup_epochs and model.step == 0:
+            warmup = await _warm_up(model, config, found)
+            warmup["eval"] = await evaluate("warmup", "after the SFT warm-up")
         steps: list[dict[str, Any]] = []
+        first = model.step  # the warm-up's SFT step counts as a step of the model
         batches = iterate_dataset(train, config.scenarios_per_step, epochs=1000,
                                   seed=config.seed, initial_step=model.step)  # fmt: skip
         for batch in batches:
-            if batch.step >= config.steps:
+            if batch.step >= first + config.steps:
                 break
+            label = f"step {batch.step + 1 - first}/{config.steps} rollouts"
             groups = await _rollouts(model, config, found, check, batch.items, config.group_size,
-                                     f"step {batch.step + 1}/{config.steps} rollouts", hook)
+                                     label, hook)  # fmt: skip
             row: dict[str, Any] = {"step": batch.step + 1, **summarize(groups)}
             result = await model.train(groups)
             row.update(trained=result.stats.trained, loss=result.stats.loss,
@@ -338,7 +374,7 @@ async def train_on_server(config: MCPTrainConfig, backend: LocalBackend | None =
                  f"{row['failed']:.0f}  " + (f"loss {row['loss']:+.4f}  serving {row['served']}"
                                              if row["trained"] else
                                              "skipped: equal rewards in every group"))
-        after = await evaluate("after training")
+        after = await evaluate("after", "after training")
         latest = paths.latest_checkpoint()
     report = {
         "model": name, "served": model.served_name, "server": config.server.label,
@@ -349,7 +385,7 @@ async def train_on_server(config: MCPTrainConfig, backend: LocalBackend | None =
         "reward": (f"{config.judge_weight} x RULER ({config.judge.model}) + "
                    f"{1 - config.judge_weight:g} x {getattr(check, '__name__', 'check')}"
                    if config.judge else getattr(check, "__name__", "check")),
-        "eval_before": before, "eval_after": after, "steps": steps,
+        "eval_before": before, "warmup": warmup, "eval_after": after, "steps": steps,
         "lora": str(latest[1]) if latest else None, "generator_usage": usage.model_dump(),
         "minutes": (time.perf_counter() - started) / 60, "run_dir": str(paths.dir),
     }  # fmt: skip

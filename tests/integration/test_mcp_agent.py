@@ -121,17 +121,19 @@ async def test_faults_are_answered_counted_or_fail_only_their_rollout(agent):
 
 
 async def test_train_on_server_writes_a_report(agent, vllm_backend, tmp_path):
-    """The whole job on our inventory server, scenarios written by the bundled model."""
+    """The whole job on our inventory server, scenarios written by the bundled model, with
+    an SFT warm-up on the automatic worked example (step 1) before the RL step (step 2)."""
     config = MCPTrainConfig(server=INVENTORY, name="inventory-job", steps=1, scenarios=6,
                             group_size=2, scenarios_per_step=1, eval_fraction=0.34,
-                            agent={"max_turns": 2, "max_tokens": 48}, progress=False)  # fmt: skip
+                            warmup_epochs=1, agent={"max_turns": 2, "max_tokens": 48},
+                            progress=False)  # fmt: skip
     report = await train_on_server(config, backend=vllm_backend)
     folder = Path(report["run_dir"])
     saved = json.loads((folder / "report.json").read_text())
     assert saved == report and saved["tools"][0] == "search_items"
     assert saved["scenarios"]["train"] >= 1 and saved["scenarios"]["eval"] >= 1
     assert (folder / "scenarios" / "train.jsonl").is_file()
-    for when in ("before", "after"):  # the held-out rollouts, for reading them back
+    for when in ("before", "warmup", "after"):  # the held-out rollouts, to read them back
         groups = load_groups(folder / f"eval_{when}.jsonl")
         assert len(groups) == saved["scenarios"]["eval"]
     [step] = saved["steps"]
@@ -140,7 +142,9 @@ async def test_train_on_server_writes_a_report(agent, vllm_backend, tmp_path):
     for key in ("success", "reward", "tool_error_rate"):
         assert 0.0 <= saved["eval_before"][key] <= 1.0 and 0.0 <= saved["eval_after"][key] <= 1
     assert "| step | reward |" in (folder / "report.md").read_text()
-    assert (saved["lora"] is not None) == step["trained"]
+    assert saved["warmup"]["examples"] == 1 and step["step"] == 2
+    assert saved["lora"] is not None  # the warm-up's adapter at least
+    assert "| after the SFT warm-up |" in (folder / "report.md").read_text()
 
 
 def test_autorl_cli_writes_scenarios_for_an_mcp_server(policy, tmp_path):

@@ -190,3 +190,13 @@ async def test_system_prompt_is_retried_until_usable(scripted):
     assert prompt.startswith("You are a calculator.")
     assert "too short" in scripted.requests[1]["messages"][-1]["content"]
     assert "What is 2 + 2?" in scripted.requests[0]["messages"][0]["content"]
+
+
+async def test_an_overlong_system_prompt_keeps_its_whole_sentences_that_fit(scripted):
+    kept = "You are a calculator for sums of integers. Answer with the sum only, as digits."
+    long = f"{kept} " + "Then ramble on " * 100
+    answers = iter(["x" * 1500, long])
+    scripted.answer = lambda request: next(answers)
+    prompt = await generate_system_prompt("A calculator.", scripted.model, max_chars=200)
+    assert prompt == kept
+    assert "longer than 200 characters" in scripted.requests[1]["messages"][-1]["content"]

@@ -1,0 +1,50 @@
+"""`LocalBackend` keeps at most `max_trainers` trainers in memory, least recently used out.
+
+The trainer class is replaced by a light stand-in (the seam: a real trainer holds a copy of
+the base model, and this checks only the cache policy); `load` records what a re-made
+trainer resumes from."""
+
+from typing import ClassVar
+
+import pytest
+
+import rlcoach.trainer.lora as lora
+from rlcoach import LocalBackend, TrainableModel
+from rlcoach.errors import ConfigError
+
+
+class StandIn:
+    made: ClassVar[list[int]] = []
+
+    def __init__(self, model_path, config, device=None):
+        self.loaded = None
+        StandIn.made.append(config.seed)
+
+    def load(self, folder):
+        self.loaded = folder
+
+
+def test_least_recently_used_trainer_is_released_and_remade_from_its_checkpoint(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(lora, "LoraTrainer", StandIn)
+    StandIn.made = []
+    backend = LocalBackend(tmp_path, max_trainers=2)
+    backend._model_path = tmp_path
+    models = [TrainableModel(f"m{i}", "p", config={"seed": i}) for i in range(3)]
+    first = backend._trainer(models[0])
+    backend._trainer(models[1])
+    assert backend._trainer(models[0]) is first  # used again: now the most recent
+    backend._trainer(models[2])  # releases m1, the least recently used
+    assert list(backend._trainers) == ["m0", "m2"]
+    checkpoint = backend.paths(models[1]).checkpoint(3)
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "adapter_config.json").write_text("{}")
+    remade = backend._trainer(models[1])
+    assert remade.loaded == checkpoint and StandIn.made == [0, 1, 2, 1]
+    assert list(backend._trainers) == ["m2", "m1"]
+
+
+def test_max_trainers_below_one_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="max_trainers=0"):
+        LocalBackend(tmp_path, max_trainers=0)
