@@ -60,6 +60,9 @@ def serve(
     max_request_mb: Annotated[int, typer.Option(min=1, help="Largest training upload.")] = 64,
     max_concurrent_chats: Annotated[int, typer.Option(min=1)] = 256,
     max_queued_chats: Annotated[int, typer.Option(min=0)] = 1024,
+    queue_timeout_s: Annotated[
+        float, typer.Option(min=0.001, help="Longest wait for an engine slot (then 429).")
+    ] = 300.0,
     max_model_len: Annotated[int, typer.Option(min=128)] = 4096,
 ) -> None:
     """Serve the policy endpoint and training over HTTP (key: $RLCOACH_API_KEY)."""
@@ -74,7 +77,8 @@ def serve(
                              engine={"kind": engine, "max_model_len": max_model_len},
                              max_request_bytes=max_request_mb * 1024 * 1024,
                              max_concurrent_chats=max_concurrent_chats,
-                             max_queued_chats=max_queued_chats)  # fmt: skip
+                             max_queued_chats=max_queued_chats,
+                             queue_timeout_s=queue_timeout_s)  # fmt: skip
         serve(config, os.environ.get("RLCOACH_API_KEY") or None)
     except RLCoachError as e:
         typer.echo(f"error: {e}", err=True)

@@ -5,11 +5,12 @@
 
 Everything else in user code stays as it is: `model.openai_client()` points at the
 server's policy endpoint with the server's key, rollout scopes fetch their recorded
-exchanges from it, and `model.train(groups)` uploads the groups and waits for the
-streamed result. Training is retried with the same request id after a dropped
-connection, a 429/5xx or a server restart, and the server trains each id once, so a
-retry never trains twice. Every call has a timeout; the training stream carries
-heartbeats, so a silent connection is noticed within `read_timeout_s`.
+exchanges from it, `model.train(groups)` uploads the groups and waits for the
+streamed result, and `model.train_sft(examples)` does the same for SFT. Training is
+retried with the same request id after a dropped connection, a 429/5xx or a server
+restart, and the server trains each id once, so a retry never trains twice. Every call
+has a timeout; the training stream carries heartbeats, so a silent connection is noticed
+within `read_timeout_s`.
 
 A plain `Model` whose URL points at a server this process is connected to (a judge on
 the base weights, say) is given that server's key, and no other URL ever is.
@@ -22,12 +23,13 @@ import logging
 import os
 import uuid
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from rlcoach.config import TrainConfig, parse_config
+from rlcoach.config import SFTConfig, TrainConfig, parse_config
 from rlcoach.errors import (
     ConfigError,
     RemoteError,
@@ -35,12 +37,13 @@ from rlcoach.errors import (
     UnknownModelError,
 )
 from rlcoach.paths import DEFAULT_ROOT, RunPaths
-from rlcoach.types import TrajectoryGroup
+from rlcoach.types import ChatRecord, Trajectory, TrajectoryGroup
 from rlcoach.wire import (
     API_PREFIX,
     CheckpointList,
     ModelRef,
     RegisterResponse,
+    SFTRequest,
     StepResultWire,
     TrainEvent,
     TrainRequest,
@@ -145,12 +148,27 @@ class RemoteBackend:
         train_config = parse_config(TrainConfig, config) if config is not None else None
         request = TrainRequest(request_id=uuid.uuid4().hex, model=_ref(model, model.config),
                                groups=groups, config=train_config)  # fmt: skip
+        return await self._submit(model, "train", request, progress=False)
+
+    async def train_sft(self, model: TrainableModel, data: Sequence[Trajectory | ChatRecord],
+                        config: SFTConfig | dict[str, Any] | None = None, *,
+                        progress: bool = False) -> StepResult:  # fmt: skip
+        """Supervised fine-tuning on the server as one step (see `LocalBackend.train_sft`);
+        retried with one request id like `train`."""
+        request = SFTRequest(request_id=uuid.uuid4().hex, model=_ref(model, model.config),
+                             examples=list(data),
+                             config=parse_config(SFTConfig, config))  # fmt: skip
+        return await self._submit(model, "train_sft", request, progress=progress)
+
+    async def _submit(self, model: TrainableModel, route: str, request: TrainRequest | SFTRequest,
+                      progress: bool) -> StepResult:  # fmt: skip
+        """Send a training request until the server answers its result or a final error."""
         body = request.model_dump_json().encode()
         deadline = asyncio.get_running_loop().time() + self.retry_for_s
         pause = 0.5
         while True:
             try:
-                wire = await self._train_once(request.request_id, body)
+                wire = await self._train_once(route, request.request_id, body, progress)
                 break
             except (httpx.TransportError, RemoteError) as e:
                 if isinstance(e, RemoteError) and not e.retryable:
@@ -168,11 +186,25 @@ class RemoteBackend:
         model.step = max(model.step, wire.step)
         return _step_result(wire)
 
-    async def _train_once(self, request_id: str, body: bytes) -> StepResultWire:
+    async def _train_once(self, route: str, request_id: str, body: bytes,
+                          progress: bool) -> StepResultWire:  # fmt: skip
         http = self._http()
+        bar = None
+        if progress:  # the server's heartbeats tick a bar that shows the time spent
+            from tqdm.auto import tqdm
+
+            bar = tqdm(desc=f"{route} on the server", unit="heartbeat")
+        try:
+            return await self._read_events(http, route, request_id, body, bar)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    async def _read_events(self, http: httpx.AsyncClient, route: str, request_id: str,
+                           body: bytes, bar: Any) -> StepResultWire:  # fmt: skip
         async with http.stream(
             "POST",
-            f"{API_PREFIX}/train",
+            f"{API_PREFIX}/{route}",
             content=body,
             headers={"content-type": "application/json"},
         ) as response:
@@ -189,6 +221,8 @@ class RemoteBackend:
                     message = event.error.message if event.error else "unknown error"
                     raise RemoteError(f"the server could not train request {request_id}: "
                                       f"{message}", retryable=event.retryable)  # fmt: skip
+                if bar is not None and event.event == "heartbeat":
+                    bar.update()
         raise RemoteError(f"the training stream of {request_id} ended without a result",
                           retryable=True)  # fmt: skip
 
@@ -270,7 +304,9 @@ def _error(response: httpx.Response) -> Exception:
 def _step_result(wire: StepResultWire) -> StepResult:
     from rlcoach.backend import StepResult
     from rlcoach.trainer.lora import StepStats
+    from rlcoach.trainer.sft import SFTStats
 
-    stats = StepStats(**{name: wire.stats[name] for name in StepStats.__slots__})
+    kind = SFTStats if wire.kind == "sft" else StepStats
+    stats = kind(**{name: wire.stats[name] for name in kind.__slots__})
     checkpoint = Path(wire.checkpoint) if wire.checkpoint else None  # relative to the server's root
     return StepResult(wire.step, stats, checkpoint, wire.publish_seconds, wire.save_seconds)

@@ -7,6 +7,7 @@ answers:
     POST   /v1/chat/completions, GET /v1/models     the policy endpoint (proxied to the gateway)
     POST   /rlcoach/v1/models                        register a model (idempotent)
     POST   /rlcoach/v1/train                         a batch of groups in, NDJSON events out
+    POST   /rlcoach/v1/train_sft                     examples to imitate in, the same events out
     POST   /rlcoach/v1/rollouts/{id}                 a rollout's recorded exchanges
     GET    /rlcoach/v1/models/{project}/{name}/checkpoints     list
     DELETE /rlcoach/v1/models/{project}/{name}/checkpoints/{step}
@@ -24,13 +25,14 @@ Choices, and why:
   for one of `max_concurrent_chats` engine slots in a bounded queue; a full queue or a
   wait past `queue_timeout_s` answers 429 (OpenAI clients retry it). All errors are
   OpenAI-shaped.
-- Training is idempotent per request id: the groups are written to disk before the
-  upload is acknowledged, the step runs as a task of its own (a client that hangs up
-  does not cancel it), one step per model at a time, and the result is kept on disk. A
-  retry of an id that is running attaches to it; a retry of a finished id gets the first
-  result, found in the result file or in the checkpoint's step record (which is renamed
-  into place with the adapter, so a kill -9 between the rename and the answer loses
-  nothing). After a restart the model resumes from its latest complete checkpoint.
+- Training (RL or SFT) is idempotent per request id: the groups or examples are written
+  to disk before the upload is acknowledged, the step runs as a task of its own (a client
+  that hangs up does not cancel it), one step per model at a time, and the result is
+  kept on disk. A retry of an id that is running attaches to it; a retry of a finished
+  id gets the first result, found in the result file or in the checkpoint's step record
+  (which is renamed into place with the adapter, so a kill -9 between the rename and the
+  answer loses nothing). After a restart the model resumes from its latest complete
+  checkpoint.
 - The gateway stays what it is (its own thread and loop, a private port on 127.0.0.1);
   this server forwards to it. A crashed vLLM is restarted by the backend's supervisor;
   meanwhile chat requests fail fast with a retryable 503.
@@ -47,7 +49,7 @@ import logging
 import shutil
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +62,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from rlcoach.backend import LocalBackend
+from rlcoach.backend import LocalBackend, StepResult
 from rlcoach.bundled import BUNDLED_MODEL
 from rlcoach.config import EngineConfig, check_name
 from rlcoach.errors import ConfigError, EngineError, RLCoachError, TrainingDataError
@@ -74,6 +76,7 @@ from rlcoach.wire import (
     CheckpointList,
     ModelRef,
     RegisterResponse,
+    SFTRequest,
     StepResultWire,
     TrainEvent,
     TrainRequest,
@@ -205,6 +208,7 @@ class PolicyServer:
             Route("/v1/models", self._list_served, methods=["GET"]),
             Route(p + "/models", self._register, methods=["POST"]),
             Route(p + "/train", self._train, methods=["POST"]),
+            Route(p + "/train_sft", self._train_sft, methods=["POST"]),
             Route(p + "/rollouts/{rollout_id}", self._take_rollout, methods=["POST"]),
             Route(model_path + "/checkpoints", self._checkpoints, methods=["GET"]),
             Route(model_path + "/checkpoints/{step}", self._delete_checkpoint, methods=["DELETE"]),
@@ -407,6 +411,31 @@ class PolicyServer:
         return Response(answer.model_dump_json(), media_type="application/json")
 
     async def _train(self, request: Request) -> Response:
+        train = self._parse(TrainRequest, await self._upload(request))
+        if not train.groups:
+            raise _Refusal(400, "`groups` is empty; fix: send at least one trajectory group",
+                           param="groups")  # fmt: skip
+
+        def step(model: TrainableModel) -> Awaitable[StepResult]:
+            return self.backend.train(model, train.groups, train.config,
+                                      request_id=train.request_id)  # fmt: skip
+
+        return await self._start(train.request_id, train.model, train.groups, step, "rl")
+
+    async def _train_sft(self, request: Request) -> Response:
+        sft = self._parse(SFTRequest, await self._upload(request))
+        if not sft.examples:
+            raise _Refusal(400, "`examples` is empty; fix: send at least one trajectory or "
+                           "chat record", param="examples")  # fmt: skip
+
+        def step(model: TrainableModel) -> Awaitable[StepResult]:
+            return self.backend.train_sft(model, sft.examples, sft.config,
+                                          request_id=sft.request_id)  # fmt: skip
+
+        return await self._start(sft.request_id, sft.model, sft.examples, step, "sft")
+
+    async def _upload(self, request: Request) -> bytes:
+        """A training body, within the size limit and the count of pending requests."""
         if len(self._trains) + self._uploads >= self.config.max_pending_trains:
             self.counters["rejected_busy"] += 1
             raise _Refusal(429, f"{self.config.max_pending_trains} training requests are "
@@ -414,48 +443,47 @@ class PolicyServer:
                            code="busy", kind="rate_limit_error")  # fmt: skip
         self._uploads += 1
         try:
-            raw = await self._read(request, self.config.max_request_bytes)
+            return await self._read(request, self.config.max_request_bytes)
         finally:
             self._uploads -= 1
-        train = self._parse(TrainRequest, raw)
-        if not train.groups:
-            raise _Refusal(400, "`groups` is empty; fix: send at least one trajectory group",
-                           param="groups")  # fmt: skip
-        self._run_paths(train.model.project, train.model.name)
-        model = await self._model(train.model)
-        task = self._trains.get(train.request_id)
+
+    async def _start(self, request_id: str, ref: ModelRef, items: Sequence[BaseModel],
+                     step: Callable[[TrainableModel], Awaitable[StepResult]],
+                     kind: str) -> Response:  # fmt: skip
+        """Run `step` once per request id; answer with its events (or its first result)."""
+        self._run_paths(ref.project, ref.name)
+        model = await self._model(ref)
+        task = self._trains.get(request_id)
         if task is None:
             paths = self._run_paths(model.project, model.name)
-            finished = await asyncio.to_thread(finished_step, paths, train.request_id, self.root)
+            finished = await asyncio.to_thread(finished_step, paths, request_id, self.root)
             if finished is not None:
                 self.counters["train_replayed"] += 1
-                event = TrainEvent(event="result", request_id=train.request_id, result=finished)
+                event = TrainEvent(event="result", request_id=request_id, result=finished)
                 return Response(event.model_dump_json() + "\n", media_type="application/x-ndjson")
             # The upload is on disk before it is acknowledged (the first event).
-            requests = paths.dir / "requests"
             await asyncio.to_thread(
                 write_text_atomic,
-                requests / f"{train.request_id}.jsonl",
-                "".join(g.model_dump_json() + "\n" for g in train.groups),
+                paths.dir / "requests" / f"{request_id}.jsonl",
+                "".join(item.model_dump_json() + "\n" for item in items),
             )
-            task = asyncio.create_task(self._run_step(model, train, paths))
-            self._trains[train.request_id] = task
-            task.add_done_callback(lambda _: self._trains.pop(train.request_id, None))
+            task = asyncio.create_task(self._run_step(model, request_id, step, kind, paths))
+            self._trains[request_id] = task
+            task.add_done_callback(lambda _: self._trains.pop(request_id, None))
             self.counters["train_started"] += 1
         else:
             self.counters["train_attached"] += 1
-        return StreamingResponse(self._events(train.request_id, task),
+        return StreamingResponse(self._events(request_id, task),
                                  media_type="application/x-ndjson")  # fmt: skip
 
-    async def _run_step(self, model: TrainableModel, train: TrainRequest,
+    async def _run_step(self, model: TrainableModel, request_id: str,
+                        step: Callable[[TrainableModel], Awaitable[StepResult]], kind: str,
                         paths: RunPaths) -> StepResultWire:  # fmt: skip
         lock = self._model_locks.setdefault(model.name, asyncio.Lock())
         async with lock:
-            result = await self.backend.train(model, train.groups, train.config,
-                                              request_id=train.request_id)  # fmt: skip
-            wire = step_result_wire(result, self.root)
+            wire = step_result_wire(await step(model), self.root, kind)
             await asyncio.to_thread(write_text_atomic,
-                                    paths.dir / "requests" / f"{train.request_id}.result.json",
+                                    paths.dir / "requests" / f"{request_id}.result.json",
                                     wire.model_dump_json())  # fmt: skip
             return wire
 

@@ -12,12 +12,12 @@ that knows OpenAI's errors knows ours.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
-from rlcoach.config import TrainConfig
-from rlcoach.types import TrajectoryGroup
+from rlcoach.config import SFTConfig, TrainConfig
+from rlcoach.types import ChatRecord, Trajectory, TrajectoryGroup
 
 __all__ = [
     "API_PREFIX",
@@ -27,6 +27,7 @@ __all__ = [
     "ErrorBody",
     "ModelRef",
     "RegisterResponse",
+    "SFTRequest",
     "StepResultWire",
     "TrainEvent",
     "TrainRequest",
@@ -97,12 +98,39 @@ class TrainRequest(_Wire):
     """This step's config; None uses the model's."""
 
 
+def _example_kind(value: Any) -> str:
+    """A trajectory always carries its `id`; a chat record never does."""
+    if isinstance(value, dict):
+        return "trajectory" if "id" in value else "record"
+    return "trajectory" if isinstance(value, Trajectory) else "record"
+
+
+SFTExample = Annotated[
+    Annotated[Trajectory, Tag("trajectory")] | Annotated[ChatRecord, Tag("record")],
+    Discriminator(_example_kind),
+]
+
+
+class SFTRequest(_Wire):
+    """One supervised fine-tuning step: examples to imitate, for a model."""
+
+    request_id: str = Field(pattern=_REQUEST_ID)
+    """As in `TrainRequest`: the server runs each id once."""
+    model: ModelRef
+    examples: list[SFTExample]
+    """Trajectories and chat records, in the order the client passed them."""
+    config: SFTConfig | None = None
+    """None: `SFTConfig()`'s defaults."""
+
+
 class StepResultWire(_Wire):
     """What a step did, as `StepResult` holds it (paths relative to the server's root)."""
 
     step: int
+    kind: Literal["rl", "sft"] = "rl"
+    """Which trainer ran: `stats` holds `StepStats` (rl) or `SFTStats` (sft) fields."""
     stats: dict[str, float | int | bool]
-    """`StepStats` fields (loss, grad_norm, trained, ...)."""
+    """The step's stats (loss, grad_norm, trained, ...)."""
     checkpoint: str | None = None
     """The checkpoint folder relative to the server's root; None when nothing trained."""
     publish_seconds: float = 0.0

@@ -19,8 +19,10 @@ import pytest
 from serve_process import KEY, ServeProcess
 
 from rlcoach import RemoteBackend, TrainableModel, TrajectoryGroup
-from rlcoach.errors import ConfigError, TrainingDataError
-from rlcoach.wire import API_PREFIX, TrainRequest
+from rlcoach.errors import ConfigError, RemoteError, TrainingDataError
+from rlcoach.trainer.sft import SFTStats
+from rlcoach.types import ChatRecord
+from rlcoach.wire import API_PREFIX, SFTRequest, TrainRequest
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 QUESTION = [{"role": "user", "content": "Say one word."}]
@@ -54,6 +56,7 @@ PROTECTED = [
     ("POST", "/v1/chat/completions"),
     ("POST", f"{API_PREFIX}/models"),
     ("POST", f"{API_PREFIX}/train"),
+    ("POST", f"{API_PREFIX}/train_sft"),
     ("POST", f"{API_PREFIX}/rollouts/abc"),
     ("GET", f"{API_PREFIX}/models/p/m/checkpoints"),
     ("DELETE", f"{API_PREFIX}/models/p/m/checkpoints/1"),
@@ -202,6 +205,44 @@ async def test_remote_training_is_idempotent_and_survives_a_dropped_stream(serve
         big = groups[0].model_copy(deep=True)
         big.trajectories[0].logs = ["x" * (2 << 20)]
         await model.train([big])
+    await backend.close()
+
+
+async def test_sft_and_rl_alternate_on_one_model_through_serve(server):
+    backend = RemoteBackend(server.url, KEY)
+    model = TrainableModel("mixed", "serve", config={"learning_rate": 1e-3})
+    await model.register(backend)
+    groups = await scored_groups(model)
+    records = [ChatRecord(messages=[*QUESTION, {"role": "assistant", "content": word}])
+               for word in ("Blue.", "Seven.")]  # fmt: skip
+    # Chat records and a recorded trajectory in one upload, told apart on the server.
+    sft = await model.train_sft([*records, groups[0].trajectories[0]],
+                                {"epochs": 2, "batch_size": 2})  # fmt: skip
+    assert isinstance(sft.stats, SFTStats) and sft.stats.trained
+    assert (sft.step, model.step, sft.stats.examples) == (1, 1, 3)
+    rl = await model.train(await scored_groups(model))
+    assert rl.step == 2 and rl.stats.trained
+    # An SFT request id sent twice trains once; the replay says which trainer ran.
+    request = SFTRequest(request_id=uuid.uuid4().hex, examples=records,
+                         model={"name": "mixed", "project": "serve",
+                                "base_model": model.base_model})  # fmt: skip
+    async with httpx.AsyncClient(base_url=server.url, headers=server.headers(),
+                                 timeout=120) as http:  # fmt: skip
+        answers = []
+        for _ in range(2):
+            response = await http.post(f"{API_PREFIX}/train_sft",
+                                       content=request.model_dump_json())  # fmt: skip
+            answers.append([json.loads(x) for x in response.text.splitlines()][-1]["result"])
+    assert [(a["step"], a["kind"], a["replayed"]) for a in answers] == [
+        (3, "sft", False), (3, "sft", True)]  # fmt: skip
+    assert [c.step for c in (await backend.checkpoints(model)).checkpoints] == [1, 2, 3]
+    records_seen = (await backend.metrics(model))["records"]
+    assert [r["event"] for r in records_seen] == ["sft", "train", "sft"]
+    # Nothing to imitate: a clear error, not retried, and no step.
+    with pytest.raises(RemoteError, match="assistant") as refused:
+        await model.train_sft([ChatRecord(messages=QUESTION)])
+    assert not refused.value.retryable
+    assert (await backend.checkpoints(model)).latest == 3
     await backend.close()
 
 

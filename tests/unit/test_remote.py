@@ -8,7 +8,8 @@ import pytest
 from rlcoach import Model, RemoteBackend
 from rlcoach.errors import ConfigError, RemoteError, TrainingDataError
 from rlcoach.remote import _error, key_for_url
-from rlcoach.wire import StepResultWire, TrainEvent, TrainRequest
+from rlcoach.types import ChatRecord, Trajectory
+from rlcoach.wire import SFTRequest, StepResultWire, TrainEvent, TrainRequest
 
 
 def test_the_server_key_goes_only_to_that_server():
@@ -51,3 +52,16 @@ def test_wire_types_round_trip_nan_and_refuse_bad_request_ids():
     for bad in ("../../x", "short", "a" * 65):
         with pytest.raises(ValueError):
             TrainRequest(request_id=bad, model=model, groups=[])
+
+
+def test_sft_examples_keep_their_kind_and_order_on_the_wire():
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    examples = [ChatRecord(messages=chat), Trajectory(messages=chat, reward=1.0),
+                ChatRecord(messages=chat, metadata={"source": "teacher"})]  # fmt: skip
+    request = SFTRequest(request_id="abcdefgh", examples=examples,
+                         model={"name": "m", "project": "p", "base_model": "b"})  # fmt: skip
+    back = SFTRequest.model_validate_json(request.model_dump_json())
+    assert [type(e) for e in back.examples] == [ChatRecord, Trajectory, ChatRecord]
+    assert back.examples == examples
+    with pytest.raises(ValueError, match="messages"):  # a chat record without messages
+        SFTRequest.model_validate({**request.model_dump(), "examples": [{"tools": None}]})
