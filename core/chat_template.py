@@ -21,7 +21,8 @@ import re
 import uuid
 from typing import Any
 
-__all__ = ["TOOL_CHAT_TEMPLATE", "jinja_literal", "parse_tool_calls", "template_messages"]
+__all__ = ["TEXT_MACRO", "TOOL_CHAT_TEMPLATE", "jinja_literal", "parse_tool_calls",
+           "template_messages"]  # fmt: skip
 
 _DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
@@ -37,8 +38,8 @@ _TOOLS_INSTRUCTION = (
 
 # Jinja whitespace control (`{%-`, `-%}`) keeps the template's own newlines out of the
 # rendered text; every newline the model sees is written as a literal '\n' string.
-_TEMPLATE = r"""
-{%- macro render_content(content) -%}
+TEXT_MACRO = r"""
+{%- macro text(content) -%}
   {%- if content is string -%}{{ content }}
   {%- elif content is iterable -%}
     {%- for part in content -%}
@@ -46,8 +47,13 @@ _TEMPLATE = r"""
     {%- endfor -%}
   {%- endif -%}
 {%- endmacro -%}
+"""
+"""`text(content)`: a message's content as text, whether a string or a list of parts
+(vLLM passes content as parts); every template of ours starts with it."""
+
+_TEMPLATE = TEXT_MACRO + r"""
 {%- if messages and messages[0].role == 'system' -%}
-  {%- set system = render_content(messages[0].content) -%}
+  {%- set system = text(messages[0].content) -%}
   {%- set rest = messages[1:] -%}
 {%- else -%}
   {%- set system = DEFAULT_SYSTEM -%}
@@ -65,7 +71,7 @@ _TEMPLATE = r"""
 {%- for message in rest -%}
   {%- if message.role == 'assistant' -%}
     {#- vLLM may pass content as a list of parts: test the rendered text, not the list. -#}
-    {%- set content = render_content(message.content) | string -%}
+    {%- set content = text(message.content) | string -%}
     {{- '<|im_start|>assistant\n' + content -}}
     {%- for call in (message.tool_calls or []) -%}
       {%- set fn = call.function if call.function is defined else call -%}
@@ -77,10 +83,10 @@ _TEMPLATE = r"""
     {%- endfor -%}
     {{- '<|im_end|>\n' -}}
   {%- elif message.role == 'tool' -%}
-    {{- '<|im_start|>user\n<tool_response>\n' + render_content(message.content) -}}
+    {{- '<|im_start|>user\n<tool_response>\n' + text(message.content) -}}
     {{- '\n</tool_response><|im_end|>\n' -}}
   {%- else -%}
-    {{- '<|im_start|>' + message.role + '\n' + render_content(message.content) -}}
+    {{- '<|im_start|>' + message.role + '\n' + text(message.content) -}}
     {{- '<|im_end|>\n' -}}
   {%- endif -%}
 {%- endfor -%}

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlcoach.chat_template import TOOL_CHAT_TEMPLATE, jinja_literal
+from rlcoach.chat_template import TEXT_MACRO, TOOL_CHAT_TEMPLATE, jinja_literal
 
 __all__ = ["FAMILIES", "Family", "fallback_chat_template", "family_named", "family_of",
            "lora_targets"]  # fmt: skip
@@ -35,15 +35,7 @@ _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 # Shared Jinja pieces. Every literal the model sees is written as a Jinja string, so the
 # template's own line breaks never leak into the rendered text.
-_TEXT = r"""
-{%- macro text(content) -%}
-  {%- if content is string -%}{{ content }}
-  {%- elif content is iterable -%}
-    {%- for part in content -%}
-      {%- if part.type == 'text' -%}{{ part.text }}{%- endif -%}
-    {%- endfor -%}
-  {%- endif -%}
-{%- endmacro -%}
+_TEXT = TEXT_MACRO + r"""
 {%- macro args_json(fn) -%}
   {%- if fn.arguments is string -%}{{ fn.arguments }}
   {%- else -%}{{ fn.arguments | tojson }}
