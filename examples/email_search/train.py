@@ -13,6 +13,11 @@ from the right source (the email that holds it was read), in few turns, with par
 credit for reading or finding the right email. One worked example in the prompt (search,
 read, answer, on an email no question asks about) shows the bundled 135M model the
 calls; held-out questions are about emails that training never asks about.
+
+The bundled model still never makes a valid call from the prompt alone (reward 0 for
+every attempt: GRPO has nothing to compare), so by default one SFT step on scripted
+demonstrations of the training questions (`--warmup-examples`, 0 for RL alone) comes
+first, and RL starts from a policy that sometimes succeeds.
 """
 
 import asyncio
@@ -25,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from email_search.mailbox import TOOLS, Mailbox, Question, Trace, answer_right, call_tool, generate
 from email_search.mailbox import reward as tiered_reward
 from gallery import loop
+
+from rlcoach.types import ChatRecord
 
 SYSTEM = ("You answer questions about the user's emails. Search the mailbox with "
           "search_emails, read the best match with read_email, then answer in one short "
@@ -46,6 +53,18 @@ def worked_example(mailbox: Mailbox, question: Question) -> list[dict]:
     assert question.email_id in trace.found, "the example's search must find its email"
     messages.append({"role": "assistant", "content": f"The answer is {question.answer}."})
     return messages
+
+
+def make_expert(mailbox: Mailbox, example: list[dict]):
+    """A demonstration for the SFT warm-up: the rollout's prompt, then search -> read ->
+    answer on the question, with the mailbox's real tool results."""
+
+    def expert(question: Question) -> ChatRecord:
+        messages = [{"role": "system", "content": SYSTEM}, *example,
+                    *worked_example(mailbox, question)]  # fmt: skip
+        return ChatRecord(messages=messages, tools=TOOLS)
+
+    return expert
 
 
 def make_attempt(mailbox: Mailbox, example: list[dict], max_turns: int, max_tokens: int):
@@ -82,8 +101,8 @@ def make_attempt(mailbox: Mailbox, example: list[dict], max_turns: int, max_toke
 
 
 def main() -> None:
-    parser = loop.parser(__doc__.splitlines()[0], steps=2, tasks_per_step=1, group_size=6,
-                         eval_tasks=6, eval_samples=1)  # fmt: skip
+    parser = loop.parser(__doc__.splitlines()[0], steps=4, tasks_per_step=3, group_size=4,
+                         eval_tasks=12, eval_samples=2, warmup_examples=23)  # fmt: skip
     parser.add_argument("--max-turns", type=int, default=4, help="policy calls per question")
     parser.add_argument("--max-tokens", type=int, default=48, help="tokens per policy call")
     args = parser.parse_args()
@@ -93,12 +112,13 @@ def main() -> None:
     example_question, *rest = questions
     random.Random(args.seed).shuffle(rest)
     held_out, training = rest[: args.eval_tasks], rest[args.eval_tasks :]
+    example = worked_example(mailbox, example_question)
     try:
         asyncio.run(loop.run(
             args, name="email-search", title="Email search over an FTS5 mailbox (GRPO)",
-            attempt=make_attempt(mailbox, worked_example(mailbox, example_question),
-                                 args.max_turns, args.max_tokens),
-            training=training, held_out=held_out))  # fmt: skip
+            attempt=make_attempt(mailbox, example, args.max_turns, args.max_tokens),
+            training=training, held_out=held_out,
+            expert=make_expert(mailbox, example)))  # fmt: skip
     finally:
         mailbox.close()
 

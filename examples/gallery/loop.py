@@ -13,6 +13,12 @@ same, and it lives here so each example's `train.py` reads as the task alone:
 3. measure the held-out instances again, write `reward_curve.png` and a `gallery` line
    in `metrics.jsonl` in the run folder, and print a `result:` line.
 
+An example that can demonstrate its task (an `expert(instance) -> ChatRecord`, scripted
+from the environment) also takes `--warmup-examples N`: before step 2, one SFT step on N
+demonstrations of training instances (`model.train_sft`, assistant tokens only, the same
+checkpoint numbering as RL), measured on the held-out instances too. RL cannot learn
+from a policy that never earns a reward; a warm-up gives it one that sometimes does.
+
 A rollout is any `async (model, client, instance) -> Trajectory` that records its calls
 inside `model.rollout(...)` and sets `metrics["success"]` (1.0 or 0.0) on the trajectory.
 Each run is a new model (`<name>-<time>`), so a rerun never resumes an earlier one.
@@ -21,6 +27,7 @@ Each run is a new model (`<name>-<time>`), so a rerun never resumes an earlier o
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -30,15 +37,17 @@ from typing import Any
 from rlcoach import BUNDLED_MODEL, LocalBackend, TrainableModel, gather_trajectory_groups
 from rlcoach.dataset import iterate_dataset
 from rlcoach.paths import append_jsonl
+from rlcoach.types import ChatRecord
 
 Attempt = Callable[[TrainableModel, Any, Any], Awaitable[Any]]
 """One rollout: (model, OpenAI client, instance) -> a scored `Trajectory`."""
 
 
 def parser(description: str, *, steps: int, tasks_per_step: int, group_size: int,
-           eval_tasks: int, eval_samples: int = 2,
-           learning_rate: float = 1e-3) -> argparse.ArgumentParser:  # fmt: skip
-    """The flags every gallery example takes; the defaults are the example's CPU budget."""
+           eval_tasks: int, eval_samples: int = 2, learning_rate: float = 1e-3,
+           warmup_examples: int | None = None) -> argparse.ArgumentParser:  # fmt: skip
+    """The flags every gallery example takes; the defaults are the example's CPU budget.
+    `warmup_examples` (examples with an expert only) adds the SFT warm-up's flags."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--steps", type=int, default=steps, help="GRPO steps")
     p.add_argument("--tasks-per-step", type=int, default=tasks_per_step,
@@ -55,6 +64,11 @@ def parser(description: str, *, steps: int, tasks_per_step: int, group_size: int
     p.add_argument("--engine", default="vllm", choices=["vllm", "transformers"])
     p.add_argument("--root", default=".rlcoach", help="where runs are written")
     p.add_argument("--seed", type=int, default=0)
+    if warmup_examples is not None:
+        p.add_argument("--warmup-examples", type=int, default=warmup_examples,
+                       help="SFT demonstrations before RL (0: RL alone)")
+        p.add_argument("--warmup-epochs", type=int, default=2)
+        p.add_argument("--warmup-learning-rate", type=float, default=1e-3)
     return p  # fmt: skip
 
 
@@ -73,7 +87,8 @@ async def _evaluate(model: TrainableModel, client: Any, attempt: Attempt,
 
 
 def plot(path: Path, title: str, rewards: list[float], successes: list[float],
-         before: tuple[float, float], after: tuple[float, float]) -> Path:  # fmt: skip
+         before: tuple[float, float], after: tuple[float, float],
+         warmed: tuple[float, float] | None = None) -> Path:  # fmt: skip
     """The reward curve of the training rollouts, with held-out before/after lines."""
     import matplotlib
 
@@ -86,6 +101,9 @@ def plot(path: Path, title: str, rewards: list[float], successes: list[float],
     axes.plot(steps, successes, marker=".", label="success (training rollouts)")
     axes.axhline(before[0], color="grey", linestyle=":",
                  label=f"held-out reward before {before[0]:.2f}")
+    if warmed is not None:
+        axes.axhline(warmed[0], color="orange", linestyle="-.",
+                     label=f"held-out reward after the SFT warm-up {warmed[0]:.2f}")
     axes.axhline(after[0], color="green", linestyle="--",
                  label=f"held-out reward after {after[0]:.2f}")  # fmt: skip
     axes.set_xlabel("step")
@@ -101,9 +119,24 @@ def plot(path: Path, title: str, rewards: list[float], successes: list[float],
     return path
 
 
+async def _warm_up(model: TrainableModel, args: argparse.Namespace,
+                   expert: Callable[[Any], ChatRecord], training: Sequence[Any]) -> None:
+    """One SFT step on `args.warmup_examples` demonstrations (training instances, cycled)."""
+    instances = itertools.islice(itertools.cycle(training), args.warmup_examples)
+    records = [expert(x) for x in instances]
+    result = await model.train_sft(records, {"epochs": args.warmup_epochs,
+                                             "learning_rate": args.warmup_learning_rate,
+                                             "seed": args.seed}, progress=True)  # fmt: skip
+    s = result.stats
+    print(f"SFT warm-up: {s.examples} demonstrations x {args.warmup_epochs} epochs, loss "
+          f"{s.loss_first:.3f} -> {s.loss_last:.3f}, {s.seconds:.1f}s, "
+          f"serving {model.served_name}", flush=True)  # fmt: skip
+
+
 async def run(args: argparse.Namespace, *, name: str, title: str, attempt: Attempt,
-              training: Sequence[Any], held_out: Sequence[Any]) -> dict[str, float]:  # fmt: skip
-    """Evaluate, train `args.steps` steps, evaluate again; returns the numbers."""
+              training: Sequence[Any], held_out: Sequence[Any],
+              expert: Callable[[Any], ChatRecord] | None = None) -> dict[str, float]:  # fmt: skip
+    """Evaluate, (warm up,) train `args.steps` steps, evaluate again; returns the numbers."""
     started = time.perf_counter()
     model = TrainableModel(f"{name}-{time.strftime('%Y%m%d-%H%M%S')}", "examples",
                            base_model=args.base_model,
@@ -115,10 +148,17 @@ async def run(args: argparse.Namespace, *, name: str, title: str, attempt: Attem
         before = await _evaluate(model, client, attempt, held_out, args.eval_samples)
         print(f"held-out before training: reward {before[0]:.3f}  success {before[1]:.3f}  "
               f"({len(held_out)} instances x {args.eval_samples})", flush=True)
+        warmed = None
+        if getattr(args, "warmup_examples", 0) > 0:
+            assert expert is not None, "--warmup-examples needs the example's expert"
+            await _warm_up(model, args, expert, training)
+            warmed = await _evaluate(model, client, attempt, held_out, args.eval_samples)
+            print(f"held-out after the SFT warm-up: reward {warmed[0]:.3f}  "
+                  f"success {warmed[1]:.3f}", flush=True)  # fmt: skip
         rewards: list[float] = []
         successes: list[float] = []
         for batch in iterate_dataset(list(training), args.tasks_per_step, epochs=1000,
-                                     seed=args.seed, initial_step=model.step):  # fmt: skip
+                                     seed=args.seed):  # fmt: skip
             if batch.step >= args.steps:
                 break
             gathered = time.perf_counter()
@@ -147,10 +187,13 @@ async def run(args: argparse.Namespace, *, name: str, title: str, attempt: Attem
         print(f"held-out after training: reward {after[0]:.3f}  success {after[1]:.3f}",
               flush=True)  # fmt: skip
         paths = backend.paths(model)
-        curve = plot(paths.dir / "reward_curve.png", title, rewards, successes, before, after)
-        numbers = {"reward_before": before[0], "reward_after": after[0],
-                   "success_before": before[1], "success_after": after[1],
-                   "minutes": (time.perf_counter() - started) / 60}  # fmt: skip
+        curve = plot(paths.dir / "reward_curve.png", title, rewards, successes, before, after,
+                     warmed)  # fmt: skip
+        numbers = {"reward_before": before[0], "success_before": before[1]}
+        if warmed is not None:
+            numbers |= {"reward_warmup": warmed[0], "success_warmup": warmed[1]}
+        numbers |= {"reward_after": after[0], "success_after": after[1],
+                    "minutes": (time.perf_counter() - started) / 60}  # fmt: skip
         append_jsonl(paths.metrics, {"event": "gallery", "example": name, **numbers})
     print(f"reward curve: {curve}")
     print("result: " + " ".join(f"{k}={v:.3f}" for k, v in numbers.items()), flush=True)

@@ -58,8 +58,8 @@ def make_attempt(size: int, max_tokens: int):
 
 
 def main() -> None:
-    parser = loop.parser(__doc__.splitlines()[0], steps=3, tasks_per_step=2, group_size=6,
-                         eval_tasks=12, eval_samples=1)  # fmt: skip
+    parser = loop.parser(__doc__.splitlines()[0], steps=6, tasks_per_step=3, group_size=6,
+                         eval_tasks=24, eval_samples=2)  # fmt: skip
     parser.add_argument("--size", type=int, default=3, help="suspects, rooms and times each")
     parser.add_argument("--max-tokens", type=int, default=24)
     args = parser.parse_args()

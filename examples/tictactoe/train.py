@@ -76,8 +76,8 @@ def make_attempt(opponent: str, max_tokens: int):
 
 
 def main() -> None:
-    parser = loop.parser(__doc__.splitlines()[0], steps=2, tasks_per_step=2, group_size=4,
-                         eval_tasks=8, eval_samples=1)  # fmt: skip
+    parser = loop.parser(__doc__.splitlines()[0], steps=6, tasks_per_step=3, group_size=4,
+                         eval_tasks=16, eval_samples=2)  # fmt: skip
     parser.add_argument("--opponent", default="random", choices=["random", "blocking"])
     parser.add_argument("--max-tokens", type=int, default=6, help="tokens per move")
     args = parser.parse_args()

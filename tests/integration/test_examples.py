@@ -25,7 +25,8 @@ SMALL = {
 GALLERY_TINY = ["--tasks-per-step", "1", "--group-size", "2", "--eval-tasks", "1",
                 "--eval-samples", "1"]
 GALLERY = {
-    "email_search/train.py": [*GALLERY_TINY, "--max-turns", "3", "--max-tokens", "32"],
+    "email_search/train.py": [*GALLERY_TINY, "--max-turns", "3", "--max-tokens", "32",
+                              "--warmup-examples", "2", "--warmup-epochs", "1"],
     "game_2048/train.py": [*GALLERY_TINY, "--moves", "3"],
     "tictactoe/train.py": GALLERY_TINY,
     "temporal_clue/train.py": GALLERY_TINY,
@@ -52,6 +53,9 @@ def test_gallery_example_runs_and_writes_its_curve(script, tmp_path):
     done = run_example(script, GALLERY[script], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "step 1:" in done.stdout and "held-out before training:" in done.stdout
+    if "--warmup-examples" in GALLERY[script]:
+        assert "SFT warm-up: 2 demonstrations" in done.stdout, done.stdout[-2000:]
+        assert "held-out after the SFT warm-up:" in done.stdout
     assert "result: reward_before=" in done.stdout
     curves = list(tmp_path.rglob("reward_curve.png"))
     assert len(curves) == 1 and curves[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -79,3 +79,25 @@ def test_reward_tiers():
     assert reward(q, called, "no idea", turns=2) == 0.1
     assert reward(q, nothing, "B13", turns=1) == 0.0
     assert answer_right(q, "b12") and not answer_right(q, None)
+
+
+def test_the_warmup_demonstrations_earn_the_full_reward(mailbox):
+    """Each SFT demonstration, replayed through the tools, is a perfect rollout."""
+    from email_search.train import SYSTEM, make_expert, worked_example
+
+    _, questions = generate(0)
+    example = worked_example(mailbox, questions[0])
+    expert = make_expert(mailbox, example)
+    for question in questions[1:]:
+        record = expert(question)
+        assert record.messages[0] == {"role": "system", "content": SYSTEM}
+        demonstration = record.messages[1 + len(example) :]
+        assert demonstration[0] == {"role": "user", "content": question.text}
+        trace, turns = Trace(), 0
+        for message in demonstration[1:]:
+            if message["role"] != "assistant":
+                continue
+            turns += 1
+            for call in message.get("tool_calls") or []:
+                call_tool(mailbox, call["function"]["name"], call["function"]["arguments"], trace)
+        assert reward(question, trace, demonstration[-1]["content"], turns) == pytest.approx(1.0)
