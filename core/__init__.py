@@ -20,6 +20,7 @@ from rlcoach.errors import (
     RemoteError,
     RLCoachError,
     RolloutError,
+    TrainerError,
     TrainingDataError,
     UnknownModelError,
 )
@@ -72,6 +73,7 @@ __all__ = [
     "StepResult",
     "TrainConfig",
     "TrainableModel",
+    "TrainerError",
     "TrainingDataError",
     "Trajectory",
     "TrajectoryGroup",

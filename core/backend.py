@@ -10,6 +10,11 @@ the optimizer state beside it (off the publish path) and bumps the model's step.
 CPU, rollouts and training never overlap: `train` is only called between gathers, and
 the engine sits idle while the trainer runs.
 
+The trainer is `LoraTrainer` in this process, or, where the placement names several
+training GPUs (or `cpu_train_ranks` asks for CPU ranks), `DistributedTrainer`: torchrun
+ranks under FSDP2 (trainer/distributed.py) with the same methods, its workers' log under
+`<root>/logs/`. Ranks that died are replaced at the next step from the latest checkpoint.
+
 `Backend` is the protocol a `TrainableModel` needs from any backend; `RemoteBackend`
 (remote.py) implements it over HTTP against `rlcoach serve`, so user code switches
 between the two by one line. A step trained for a request id (the server passes the
@@ -57,6 +62,8 @@ from rlcoach.types import ChatRecord, Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from rlcoach.model import TrainableModel
+    from rlcoach.placement import Placement
+    from rlcoach.trainer.distributed import DistributedTrainer
     from rlcoach.trainer.lora import LoraTrainer, StepStats
     from rlcoach.trainer.sft import SFTStats
 
@@ -148,7 +155,7 @@ class LocalBackend:
         self.gateway: Gateway | None = None
         self.base_model: str | None = None
         self._model_path: Path | None = None
-        self._trainers: dict[str, LoraTrainer] = {}
+        self._trainers: dict[str, LoraTrainer | DistributedTrainer] = {}
         self._tokenizer_cache: Any = None
         self._models: dict[str, TrainableModel] = {}
         self.sink_config, self._sink_objects = resolve_sinks(sinks)
@@ -257,28 +264,58 @@ class LocalBackend:
             return []
         return self.gateway.recorder.take(rollout_id)
 
+    def _placement(self) -> Placement | None:
+        """The engine's GPU placement (None on a CPU or for an engine without one)."""
+        placement = getattr(self.engine, "placement", None)
+        return placement() if callable(placement) else None
+
     def _train_device(self) -> str | None:
         """The trainer's GPU from the engine's placement (None: the trainer's default)."""
-        placement = getattr(self.engine, "placement", None)
-        resolved = placement() if callable(placement) else None
+        resolved = self._placement()
         return resolved.train_device() if resolved is not None else None
 
-    def _trainer(self, model: TrainableModel) -> LoraTrainer:
-        """The model's trainer; at most `max_trainers` stay in memory (least recently used
-        goes first: every step's checkpoint holds its adapter and optimizer state, so a
-        trainer made again from it resumes exactly)."""
-        trainer = self._trainers.pop(model.name, None)
-        if trainer is None:
+    def _train_ranks(self) -> int:
+        """How many ranks train: the training GPUs, or the CPU ranks asked for (1: one
+        process, `LoraTrainer`)."""
+        resolved = self._placement()
+        if resolved is not None:
+            return len(resolved.train_gpus)
+        return max(self.engine_config.placement.cpu_train_ranks, 1)
+
+    def _make_trainer(self, model: TrainableModel) -> LoraTrainer | DistributedTrainer:
+        assert self._model_path is not None
+        ranks = self._train_ranks()
+        if ranks == 1:
             from rlcoach.trainer.lora import LoraTrainer
 
+            return LoraTrainer(self._model_path, model.config, device=self._train_device())
+        from rlcoach.trainer.distributed import DistributedTrainer
+
+        resolved = self._placement()
+        log = self.root / "logs" / f"trainer-{model.name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+        if resolved is None:  # CPU ranks
+            return DistributedTrainer(self._model_path, model.config, ranks=ranks,
+                                      backend="gloo", log_file=log)  # fmt: skip
+        env = resolved.train_env(os.environ.get("CUDA_VISIBLE_DEVICES"))
+        return DistributedTrainer(self._model_path, model.config, ranks=ranks, backend="nccl",
+                                  env=env, log_file=log)  # fmt: skip
+
+    def _trainer(self, model: TrainableModel) -> LoraTrainer | DistributedTrainer:
+        """The model's trainer; at most `max_trainers` stay in memory (least recently used
+        goes first: every step's checkpoint holds its adapter and optimizer state, so a
+        trainer made again from it resumes exactly, as does one whose ranks died)."""
+        trainer = self._trainers.pop(model.name, None)
+        if trainer is not None and getattr(trainer, "closed", False):
+            logger.warning("the training ranks of %s are gone; starting new ones", model.name)
+            trainer = None
+        if trainer is None:
             while len(self._trainers) >= self.max_trainers:
                 evicted = next(iter(self._trainers))
-                del self._trainers[evicted]
+                _close_trainer(self._trainers.pop(evicted))
                 logger.info("released the trainer of %s (max_trainers=%d)", evicted,
                             self.max_trainers)  # fmt: skip
             gc.collect()
-            assert self._model_path is not None
-            trainer = LoraTrainer(self._model_path, model.config, device=self._train_device())
+            trainer = self._make_trainer(model)
             latest = self.paths(model).latest_checkpoint()
             if latest is not None:
                 trainer.load(latest[1])
@@ -325,6 +362,12 @@ class LocalBackend:
 
         if self.gateway is None or model.name not in self._models:
             raise ConfigError(f"model {model.name!r} is not registered with this backend")
+        if (ranks := self._train_ranks()) > 1:
+            raise ConfigError(
+                f"train_sft on {ranks} training ranks: SFT on the distributed trainer is not "
+                "built yet (only RL steps are); fix: run SFT with one training GPU (or "
+                "cpu_train_ranks=0), then RL on several from its checkpoint"
+            )
         sft_config = parse_config(SFTConfig, config)
         items = list(data)
         if not items:
@@ -361,7 +404,8 @@ class LocalBackend:
             self._tokenizer_cache = tokenizer
         return self._tokenizer_cache
 
-    async def _publish_step(self, model: TrainableModel, trainer: LoraTrainer,
+    async def _publish_step(self, model: TrainableModel,
+                            trainer: LoraTrainer | DistributedTrainer,
                             stats: StepStats | SFTStats,
                             record: dict[str, Any]) -> StepResult:  # fmt: skip
         """Save the adapter as the next checkpoint, serve it, then bump the model's step."""
@@ -392,7 +436,8 @@ class LocalBackend:
         sinks.log_metrics(step, record)
 
     @staticmethod
-    def _save(trainer: LoraTrainer, paths: RunPaths, step: int, record: dict[str, Any]) -> Path:
+    def _save(trainer: LoraTrainer | DistributedTrainer, paths: RunPaths, step: int,
+              record: dict[str, Any]) -> Path:  # fmt: skip
         target = paths.checkpoint(step)
         if target.exists():
             raise CheckpointError(
@@ -410,6 +455,9 @@ class LocalBackend:
         return target
 
     async def close(self) -> None:
+        for trainer in self._trainers.values():
+            await asyncio.to_thread(_close_trainer, trainer)
+        self._trainers.clear()
         for sinks in self._sinks.values():
             await asyncio.to_thread(sinks.close)
         self._sinks.clear()
@@ -421,3 +469,10 @@ class LocalBackend:
             self.gateway.stop()
         self.gateway = None
         self.engine = None
+
+
+def _close_trainer(trainer: Any) -> None:
+    """Stop a distributed trainer's ranks (a `LoraTrainer` holds nothing to stop)."""
+    close = getattr(trainer, "close", None)
+    if callable(close):
+        close()

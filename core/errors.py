@@ -17,6 +17,7 @@ __all__ = [
     "RLCoachError",
     "RemoteError",
     "RolloutError",
+    "TrainerError",
     "TrainingDataError",
     "UnknownModelError",
 ]
@@ -48,6 +49,10 @@ class EngineStartError(EngineError):
 
 class CheckpointError(RLCoachError, OSError):
     """A checkpoint is missing, partial or cannot be written."""
+
+
+class TrainerError(RLCoachError, RuntimeError):
+    """The training processes died, timed out or failed (the message points at their log)."""
 
 
 class RolloutError(RLCoachError, RuntimeError):

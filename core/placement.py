@@ -12,9 +12,16 @@ from what is visible:
   tensor-parallel engine across them.
 
 vLLM gets its GPUs through `CUDA_VISIBLE_DEVICES` and `--tensor-parallel-size` /
-`--data-parallel-size`; the trainer is placed on `cuda:<train GPU>`. Training on several
-GPUs at once (FSDP2 across ranks) is not built: a placement with more than one training
-GPU is refused with a message saying so, never silently reduced to one.
+`--data-parallel-size`; one training GPU runs the trainer in this process on
+`cuda:<train GPU>`. Several training GPUs (named in `train_gpus`; never derived) run the
+distributed trainer (`trainer/distributed.py`): one torchrun rank per GPU, FSDP2 over
+nccl, the ranks seeing exactly the training GPUs through their own
+`CUDA_VISIBLE_DEVICES`. Training GPUs shared with serving are allowed only in the
+one-GPU colocated case.
+
+`cpu_train_ranks` asks for the distributed trainer on the CPU instead (gloo): N ranks on
+this host's cores. It exists to test the multi-rank path where there is no GPU, and is
+refused where a GPU is visible.
 """
 
 from __future__ import annotations
@@ -39,6 +46,9 @@ class PlacementConfig(BaseModel):
     """vLLM tensor-parallel size; None: all serving GPUs divided by `data_parallel`."""
     data_parallel: int = Field(1, ge=1)
     """vLLM data-parallel replicas across the serving GPUs."""
+    cpu_train_ranks: int = Field(0, ge=0, le=64)
+    """Train on this many CPU ranks (torchrun, gloo, FSDP2) where no GPU is visible; 0 or
+    1: the single-process trainer. For testing the distributed trainer without GPUs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +81,13 @@ class Placement:
     def train_device(self) -> str:
         return f"cuda:{self.train_gpus[0]}"
 
+    def train_env(self, inherited: str | None = None) -> dict[str, str]:
+        """The training ranks' `CUDA_VISIBLE_DEVICES` (rank i on `cuda:0` of its own view
+        is training GPU i), mapped like `vllm_env`."""
+        names = [n.strip() for n in inherited.split(",")] if inherited else None
+        gpus = [names[g] if names else str(g) for g in self.train_gpus]
+        return {"CUDA_VISIBLE_DEVICES": ",".join(gpus)}
+
 
 def _check_indices(name: str, gpus: list[int], visible: int) -> None:
     bad = [g for g in gpus if not 0 <= g < visible]
@@ -85,6 +102,12 @@ def _check_indices(name: str, gpus: list[int], visible: int) -> None:
 
 def resolve_placement(config: PlacementConfig, visible: int) -> Placement | None:
     """The placement for a host with `visible` GPUs (None without a GPU)."""
+    if visible > 0 and config.cpu_train_ranks > 1:
+        raise ConfigError(
+            f"placement cpu_train_ranks={config.cpu_train_ranks} asks for CPU training ranks, "
+            f"but {visible} GPU(s) are visible; fix: name several train_gpus to train on GPUs, "
+            "or hide the GPUs (CUDA_VISIBLE_DEVICES=) to test the ranks on the CPU"
+        )
     if visible == 0:
         if config.serve_gpus or config.train_gpus:
             raise ConfigError(
@@ -104,15 +127,12 @@ def resolve_placement(config: PlacementConfig, visible: int) -> Placement | None
         serve = rest or list(train)
     _check_indices("serve_gpus", serve, visible)
     _check_indices("train_gpus", train, visible)
-    if len(train) > 1:
+    shared = sorted(set(serve) & set(train))
+    if shared and (len(serve) > 1 or len(train) > 1):
         raise ConfigError(
-            f"placement train_gpus={train}: training on several GPUs (FSDP2 across ranks) "
-            "is not built yet; fix: give one training GPU"
-        )
-    if set(serve) & set(train) and len(serve) > 1:
-        raise ConfigError(
-            f"placement serve_gpus={serve} shares GPU {train[0]} with training; only a "
-            "single GPU may be shared (colocated); fix: serve on GPUs the trainer does not use"
+            f"placement serve_gpus={serve} shares GPU {shared[0]} with train_gpus={train}; "
+            "only a single GPU may be shared (colocated, one serving and one training); "
+            "fix: serve on GPUs the trainer does not use"
         )
     data = config.data_parallel
     tensor = config.tensor_parallel or max(len(serve) // data, 1)

@@ -48,11 +48,19 @@ from rlcoach.trainer.fusion import (
     compiled_target_logprob,
     fuse_lora_linears,
 )
-from rlcoach.trainer.objective import group_advantages, loss_normalizer, policy_loss
+from rlcoach.trainer.objective import (
+    LossTerms,
+    group_advantages,
+    loss_normalizer,
+    policy_loss,
+)
 from rlcoach.trainer.sequences import PackedRow, TrainSequence, build_sequences, pack_sequences
 from rlcoach.types import TrajectoryGroup
 
-__all__ = ["LoraTrainer", "StepStats", "chunked_token_logprobs"]
+__all__ = [
+    "LoraTrainer", "StepStats", "build_lora_model", "build_optimizer", "chunked_token_logprobs",
+    "collect_sequences", "row_loss_terms",
+]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -142,58 +150,108 @@ def chunked_token_logprobs(
     return torch.cat(pieces)
 
 
+def build_lora_model(model_path: str | Path, config: TrainConfig, device: torch.device) -> Any:
+    """The base causal LM on `device` with a fresh LoRA adapter (seeded by `config.seed`,
+    so every process that builds it gets the same initial adapter)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)  # kernels and memory stats on the placed GPU
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    torch.manual_seed(config.seed)
+    register_segment_attention()
+    base = AutoModelForCausalLM.from_pretrained(
+        model_path, dtype=dtype, attn_implementation=SEGMENT_ATTENTION
+    ).to(device)
+    base.config.use_cache = False
+    if config.activation_checkpointing:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    lora = config.lora
+    # peft keeps the adapter in fp32 over bf16 base weights (autocast_adapter_dtype).
+    model = get_peft_model(
+        base,
+        LoraConfig(
+            r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+            target_modules=lora_targets(lora.target_modules, model_path),
+            task_type="CAUSAL_LM",
+        ),
+    )  # fmt: skip
+    if device.type == "cuda":
+        # peft casts each LoRA layer's input to the adapter's fp32 before autocast
+        # casts it back to bf16 for the matmul: two full passes over the activations
+        # per LoRA layer for nothing, since the step always runs under autocast.
+        for module in model.modules():
+            if hasattr(module, "lora_A"):
+                module.cast_input_dtype_enabled = False
+        # GPU only (fusion.py): on the CPU inductor's compiling costs more than it saves.
+        if config.fused_lora:
+            fuse_lora_linears(model)
+        if config.compile_layers:
+            compile_decoder_layers(base)
+    return model
+
+
+def build_optimizer(model: Any, config: TrainConfig, fused: bool) -> torch.optim.AdamW:
+    """AdamW over the model's trainable (LoRA) parameters, in `named_parameters` order."""
+    return torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=config.learning_rate,
+        weight_decay=config.weight_decay,
+        fused=fused,
+    )
+
+
+def collect_sequences(groups: list[TrajectoryGroup],
+                      config: TrainConfig) -> tuple[list[TrainSequence], int, int]:  # fmt: skip
+    """The training sequences of `groups`, the groups skipped for having no reward
+    variance, and the trajectories trained on."""
+    sequences: list[TrainSequence] = []
+    skipped = 0
+    trajectories = 0
+    for group in groups:
+        if not group.trajectories:
+            continue
+        rewards_G = torch.tensor(group.rewards, dtype=torch.float32)
+        advantages_G = group_advantages(rewards_G, config.scale_rewards)
+        # Sequences are built even for skipped groups: bad data fails loudly either way.
+        built = [build_sequences(t, float(a))
+                 for t, a in zip(group.trajectories, advantages_G, strict=True)]  # fmt: skip
+        if torch.all(advantages_G.abs() < 1e-8):
+            skipped += 1
+            continue
+        trajectories += len(group.trajectories)
+        sequences += [s for per_trajectory in built for s in per_trajectory]
+    return sequences, skipped, trajectories
+
+
+def row_loss_terms(trainer: Any, row: PackedRow, normalizer: float,
+                   config: TrainConfig) -> LossTerms:  # fmt: skip
+    """The policy loss of one packed row under `trainer.row_logprobs` (and its reference
+    pass when the KL term is on)."""
+    device = trainer.device
+    ref = trainer.row_logprobs(row, use_adapter=False) if config.kl_coef > 0 else None
+    new_T = trainer.row_logprobs(row)
+    return policy_loss(
+        new_T,
+        row.old_logprobs_T[1:].to(device),
+        row.advantages_T[1:].to(device),
+        row.sampled_mask_T[1:].to(device),
+        normalizer=normalizer, kind=config.loss, clip_low=config.clip_low,
+        clip_high=config.clip_high, ref_logprobs_T=ref, kl_coef=config.kl_coef,
+    )  # fmt: skip
+
+
 class LoraTrainer:
     """A causal LM with a peft LoRA adapter and its optimizer."""
 
     def __init__(self, model_path: str | Path, config: TrainConfig,
                  device: str | None = None) -> None:  # fmt: skip
-        from peft import LoraConfig, get_peft_model
-        from transformers import AutoModelForCausalLM
-
         self.config = config
         default = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device or default)
-        if self.device.type == "cuda" and self.device.index is not None:
-            torch.cuda.set_device(self.device)  # kernels and memory stats on the placed GPU
-        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        torch.manual_seed(config.seed)
-        register_segment_attention()
-        base = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=dtype, attn_implementation=SEGMENT_ATTENTION
-        ).to(self.device)
-        base.config.use_cache = False
-        if config.activation_checkpointing:
-            base.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
-        lora = config.lora
-        # peft keeps the adapter in fp32 over bf16 base weights (autocast_adapter_dtype).
-        self.model = get_peft_model(
-            base,
-            LoraConfig(
-                r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                target_modules=lora_targets(lora.target_modules, model_path),
-                task_type="CAUSAL_LM",
-            ),
-        )  # fmt: skip
-        if self.device.type == "cuda":
-            # peft casts each LoRA layer's input to the adapter's fp32 before autocast
-            # casts it back to bf16 for the matmul: two full passes over the activations
-            # per LoRA layer for nothing, since the step always runs under autocast.
-            for module in self.model.modules():
-                if hasattr(module, "lora_A"):
-                    module.cast_input_dtype_enabled = False
-            # GPU only (fusion.py): on the CPU inductor's compiling costs more than it saves.
-            if config.fused_lora:
-                fuse_lora_linears(self.model)
-            if config.compile_layers:
-                compile_decoder_layers(base)
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
-            lr=config.learning_rate,
-            weight_decay=config.weight_decay,
-            fused=self.device.type == "cuda",
-        )
+        self.model = build_lora_model(model_path, config, self.device)
+        self.optimizer = build_optimizer(self.model, config, fused=self.device.type == "cuda")
 
     def _autocast(self) -> Any:
         # Off where bf16 matmuls are slow (an AVX2-only CPU): see hardware.py.
@@ -220,22 +278,7 @@ class LoraTrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = c.learning_rate
         started = time.perf_counter()
-        sequences: list[TrainSequence] = []
-        skipped = 0
-        trajectories = 0
-        for group in groups:
-            if not group.trajectories:
-                continue
-            rewards_G = torch.tensor(group.rewards, dtype=torch.float32)
-            advantages_G = group_advantages(rewards_G, c.scale_rewards)
-            # Sequences are built even for skipped groups: bad data fails loudly either way.
-            built = [build_sequences(t, float(a))
-                     for t, a in zip(group.trajectories, advantages_G, strict=True)]  # fmt: skip
-            if torch.all(advantages_G.abs() < 1e-8):
-                skipped += 1
-                continue
-            trajectories += len(group.trajectories)
-            sequences += [s for per_trajectory in built for s in per_trajectory]
+        sequences, skipped, trajectories = collect_sequences(groups, c)
         if not sequences:
             return StepStats(False, len(groups), skipped, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 1.0,
                              time.perf_counter() - started)  # fmt: skip
@@ -248,16 +291,7 @@ class LoraTrainer:
             self.optimizer.zero_grad(set_to_none=True)
             part_loss = 0.0
             for row in pack_sequences(part, c.micro_batch_tokens):
-                ref = self.row_logprobs(row, use_adapter=False) if c.kl_coef > 0 else None
-                new_T = self.row_logprobs(row)
-                terms = policy_loss(
-                    new_T,
-                    row.old_logprobs_T[1:].to(self.device),
-                    row.advantages_T[1:].to(self.device),
-                    row.sampled_mask_T[1:].to(self.device),
-                    normalizer=normalizer, kind=c.loss, clip_low=c.clip_low,
-                    clip_high=c.clip_high, ref_logprobs_T=ref, kl_coef=c.kl_coef,
-                )  # fmt: skip
+                terms = row_loss_terms(self, row, normalizer, c)
                 terms.loss.backward()
                 part_loss += float(terms.loss.detach())
                 clipped += float(terms.clipped_tokens.detach())

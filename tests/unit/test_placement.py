@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlcoach.config import EngineConfig
+from rlcoach.config import EngineConfig, parse_config
 from rlcoach.errors import ConfigError
 from rlcoach.placement import PlacementConfig, resolve_placement
 
@@ -51,7 +51,8 @@ def test_vllm_sees_its_gpus_through_the_users_visible_devices():
     [
         (PlacementConfig(serve_gpus=[0, 5]), 4, "names GPU 5, but this host has 4"),
         (PlacementConfig(serve_gpus=[1, 1]), 4, "lists a GPU twice"),
-        (PlacementConfig(train_gpus=[2, 3]), 4, "FSDP2 across ranks"),
+        (PlacementConfig(serve_gpus=[0], train_gpus=[0, 1]), 4, "shares GPU 0"),
+        (PlacementConfig(cpu_train_ranks=2), 1, "cpu_train_ranks=2 asks for CPU"),
         (PlacementConfig(serve_gpus=[0, 1], train_gpus=[1]), 4, "shares GPU 1"),
         (PlacementConfig(serve_gpus=[0, 1, 2], tensor_parallel=2), 4, "does not match"),
     ],
@@ -60,6 +61,20 @@ def test_bad_placements_name_the_value_and_the_fix(config, visible, message):
     with pytest.raises(ConfigError, match=message) as error:
         resolve_placement(config, visible)
     assert "fix:" in str(error.value)
+
+
+def test_several_training_gpus_get_one_rank_each_through_their_visible_devices():
+    placement = resolve_placement(PlacementConfig(train_gpus=[2, 3]), 4)
+    assert placement.train_gpus == (2, 3) and placement.serve_gpus == (0, 1)
+    assert not placement.colocated
+    assert placement.train_env() == {"CUDA_VISIBLE_DEVICES": "2,3"}
+    assert placement.train_env("4,5,6,7") == {"CUDA_VISIBLE_DEVICES": "6,7"}
+
+
+def test_cpu_train_ranks_are_only_for_a_host_without_gpus():
+    assert resolve_placement(PlacementConfig(cpu_train_ranks=2), 0) is None
+    with pytest.raises(ConfigError, match=r"placement\.cpu_train_ranks=-1"):
+        parse_config(EngineConfig, {"placement": {"cpu_train_ranks": -1}})
 
 
 def test_the_engine_config_carries_a_placement():
