@@ -113,6 +113,7 @@ def plot(path: Path, curves: dict[str, list[float]]) -> None:
     axes.legend(fontsize=8)
     axes.set_title("add tool without worked examples: RL alone vs SFT warm-up + RL")
     figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)  # with a RemoteBackend, a new local folder
     temp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
     figure.savefig(temp, format="png", dpi=120)
     plt.close(figure)

@@ -94,7 +94,8 @@ async def test_faults_are_answered_counted_or_fail_only_their_rollout(agent):
     tools = await _tools(FAULTY)
     client = agent.openai_client()
     configs = {
-        "echo": forced("echo", {"text": "x" * 300}, result_chars=80),
+        # The constraint admits any tokenization of the 300 x's (one token each, at worst).
+        "echo": forced("echo", {"text": "x" * 300}, result_chars=80, max_tokens=400),
         "tool error": forced("fail", {"reason": "testing"}),
         "bad arguments": forced("fail", {"why": 1}),
         "hang": forced("hang", {}, call_timeout_s=2),

@@ -71,12 +71,13 @@ async def ask_sum(model, task):
                     {"role": "user", "content": f"What is {a} + {b}?"}]  # fmt: skip
         if stream:
             chunks = await client.chat.completions.create(
-                model=model.served_name, messages=messages, max_tokens=12, stream=True)
+                model=model.served_name, messages=messages, max_tokens=12, stream=True,
+                temperature=0.3)  # fmt: skip
             text = "".join([c.choices[0].delta.content or "" async for c in chunks
                             if c.choices])  # fmt: skip
         else:
             reply = await client.chat.completions.create(
-                model=model.served_name, messages=messages, max_tokens=12)
+                model=model.served_name, messages=messages, max_tokens=12, temperature=0.3)
             text = reply.choices[0].message.content or ""
         rollout.reward = float(str(a + b) in text)
     return rollout.trajectory
@@ -84,10 +85,12 @@ async def ask_sum(model, task):
 
 async def test_distillation_keeps_the_teachers_rewarded_attempts_and_trains(vllm_backend):
     teacher = Model(BUNDLED_MODEL, base_url=vllm_backend.url + "/v1")
+    # Temperature 0.3 and 8 samples a task: at temperature 1 all 16 of 4 x 4 attempts once
+    # missed (the 135M model's sums are right only some of the time).
     tasks = [(2, 3, False), (1, 1, True), (4, 4, False), (10, 5, True)]
-    demos = await collect_demonstrations(teacher, ask_sum, tasks, samples_per_task=4,
+    demos = await collect_demonstrations(teacher, ask_sum, tasks, samples_per_task=8,
                                          min_reward=1.0, progress=False)  # fmt: skip
-    assert demos.attempts == 16 and not demos.failures
+    assert demos.attempts == 32 and not demos.failures
     for trajectory in demos.kept + demos.rejected:
         roles = [m["role"] for m in trajectory.messages]
         assert roles == ["system", "user", "assistant"]  # captured, streamed ones too
