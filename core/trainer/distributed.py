@@ -1,15 +1,15 @@
 """A LoRA trainer spread over several ranks: torchrun workers, FSDP2, one driver.
 
-`DistributedTrainer` lives in the backend's process and has the methods LocalBackend uses
-from `LoraTrainer` (`step`, `save_adapter`, `save_optimizer`, `save`, `load`, `close`).
-It starts the ranks once with the real launcher (`python -m torch.distributed.run
---standalone --nproc-per-node N -m rlcoach.trainer.distributed ...`), listens on a
-localhost socket that rank 0 connects to, and sends it one JSON line per command; rank 0
-broadcasts each command to the other ranks (`broadcast_object_list`) and answers with
-one JSON line. Groups travel as a JSON-lines file written atomically beside the
-driver's socket, not through the socket. A rank that dies, or a command that runs past
-its timeout, raises `TrainerError` naming the workers' log; the driver never waits on a
-dead process.
+`DistributedTrainer` lives in the backend's process and has the methods LocalBackend
+uses from `LoraTrainer` (`step`, `save_adapter`, `save_optimizer`, `save`, `load`,
+`close`). It starts the ranks once with the real launcher (`python -m
+torch.distributed.run --standalone --nproc-per-node N -m rlcoach.trainer.ranks ...`; the
+ranks live in ranks.py), listens on a localhost socket that rank 0 connects to, and
+sends it one JSON line per command; rank 0 broadcasts each command to the other ranks
+(`broadcast_object_list`) and answers with one JSON line. Groups travel as a JSON-lines
+file written atomically beside the driver's socket, not through the socket. A rank that
+dies, or a command that runs past its timeout, raises `TrainerError` naming the workers'
+log; the driver never waits on a dead process.
 
 Each rank builds the model exactly as `LoraTrainer` does (`build_lora_model`, same seed,
 so the same initial adapter) and applies FSDP2: `fully_shard` on every decoder layer,
@@ -46,14 +46,12 @@ is not built on it.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import logging
 import os
 import re
 import secrets
-import select
 import shutil
 import signal
 import socket
@@ -65,25 +63,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
-import torch
-
 from rlcoach.config import TrainConfig
 from rlcoach.errors import CheckpointError, ConfigError, TrainerError, TrainingDataError
 from rlcoach.paths import write_text_atomic
 from rlcoach.trainer.lora import (
-    OPTIMIZER_FILE,
     StepStats,
-    build_lora_model,
-    build_optimizer,
-    chunked_token_logprobs,
-    collect_sequences,
-    row_loss_terms,
 )
-from rlcoach.trainer.objective import loss_normalizer
-from rlcoach.trainer.sequences import PackedRow, TrainSequence, pack_sequences
 from rlcoach.types import TrajectoryGroup
 
-__all__ = ["DistributedTrainer", "split_by_tokens"]
+__all__ = ["DistributedTrainer"]
 
 logger = logging.getLogger(__name__)
 
@@ -93,316 +81,6 @@ _ERROR_LINE = re.compile(r"(\[rank\d+\]: )?[\w.]*(Error|Exception)\b")
 _PASSED_ON = {"TrainingDataError": TrainingDataError, "ConfigError": ConfigError,
               "CheckpointError": CheckpointError}  # fmt: skip
 """Errors every rank raises alike before any collective: reported, the ranks live on."""
-
-
-def split_by_tokens(sequences: list[TrainSequence], ranks: int) -> list[list[TrainSequence]]:
-    """Deal `sequences` to `ranks` by token count: longest first, each to the rank with
-    the fewest tokens so far (ties: the lowest rank). Deterministic on every rank."""
-    shares: list[list[TrainSequence]] = [[] for _ in range(ranks)]
-    tokens = [0] * ranks
-    for sequence in sorted(sequences, key=lambda s: len(s.token_ids), reverse=True):
-        rank = tokens.index(min(tokens))
-        shares[rank].append(sequence)
-        tokens[rank] += len(sequence.token_ids)
-    return shares
-
-
-# ---------------------------------------------------------------- the ranks (workers)
-
-_IDLE_S = 60.0
-"""Seconds rank 0 waits for a command before waking the other ranks (see `_serve`)."""
-
-_PADDING_SEQUENCE = TrainSequence([0, 0], [0, 0], [0.0, 0.0], 0.0, "padding")
-
-
-class _RowLogprobs(torch.nn.Module):
-    """FSDP's root: one call is one row's token log-probs (with or without the adapter)."""
-
-    def __init__(self, peft_model: Any, chunk: int) -> None:
-        super().__init__()
-        self.peft_model = peft_model
-        self.chunk = chunk
-
-    def forward(self, ids_1T: torch.Tensor, positions_1T: torch.Tensor,
-                use_adapter: bool) -> torch.Tensor:  # fmt: skip
-        causal_lm = self.peft_model.get_base_model()
-        if use_adapter:
-            return chunked_token_logprobs(causal_lm, ids_1T, positions_1T, self.chunk)
-        with self.peft_model.disable_adapter():
-            return chunked_token_logprobs(causal_lm, ids_1T, positions_1T, self.chunk)
-
-
-def _full(value: torch.Tensor) -> torch.Tensor:
-    """The whole tensor on the CPU (a collective for a sharded DTensor: every rank calls)."""
-    from torch.distributed.tensor import DTensor
-
-    whole = value.full_tensor() if isinstance(value, DTensor) else value
-    return whole.detach().cpu()
-
-
-def _shard_like(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of `whole`, laid out as `like` (cut locally: no communication)."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    whole = whole.to(dtype=like.dtype, device=like.device)
-    if not isinstance(like, DTensor):
-        return whole
-    return distribute_tensor(whole, like.device_mesh, like.placements, src_data_rank=None)
-
-
-class _RankTrainer:
-    """One rank's share of the model and optimizer, and its part of each command."""
-
-    def __init__(self, model_path: str, config: TrainConfig, device: torch.device) -> None:
-        import torch.distributed as dist
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import FSDPModule, fully_shard
-
-        self.config = config
-        self.device = device
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        # Compiled or fused layers are not tried under FSDP2 yet (module docstring).
-        plain = config.model_copy(update={"compile_layers": False, "fused_lora": False})
-        self.model = build_lora_model(model_path, plain, device)
-        mesh = init_device_mesh(device.type, (self.world,))
-        for layer in self.model.get_base_model().get_decoder().layers:
-            fully_shard(layer, mesh=mesh)
-        self.root = fully_shard(_RowLogprobs(self.model, config.logprob_chunk_tokens), mesh=mesh)
-        for module in self.root.modules():
-            if isinstance(module, FSDPModule):
-                # Sum over ranks, not the mean; as a plain SUM (gloo has no PREMUL_SUM).
-                module.set_gradient_divide_factor(1.0)
-                module.set_force_sum_reduction_for_comms(True)
-        self.optimizer = build_optimizer(self.model, config, fused=False)
-
-    def row_logprobs(self, row: PackedRow, use_adapter: bool = True) -> torch.Tensor:
-        from rlcoach.hardware import fast_bf16
-
-        ids = row.input_ids_T[None].to(self.device)
-        positions = row.position_ids_T[None].to(self.device)
-        with torch.autocast(self.device.type, dtype=torch.bfloat16,
-                            enabled=fast_bf16(self.device)):  # fmt: skip
-            if use_adapter:
-                return self.root(ids, positions, True)
-            with torch.no_grad():
-                return self.root(ids, positions, False)
-
-    def _reduce(self, values: list[float], op: Any = None) -> list[float]:
-        import torch.distributed as dist
-
-        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(tensor, op=op or dist.ReduceOp.SUM)
-        return tensor.tolist()
-
-    def step(self, groups: list[TrajectoryGroup], c: TrainConfig) -> StepStats:
-        import torch.distributed as dist
-        from torch.distributed.tensor import DTensor
-
-        for group in self.optimizer.param_groups:
-            group["lr"] = c.learning_rate
-        started = time.perf_counter()
-        sequences, skipped, trajectories = collect_sequences(groups, c)
-        if not sequences:
-            return StepStats(False, len(groups), skipped, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 1.0,
-                             time.perf_counter() - started)  # fmt: skip
-        self.root.train()
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        losses, norms = [], []
-        clipped = kl = ratio = 0.0
-        for part in (sequences[i :: c.mini_batches] for i in range(c.mini_batches)):
-            if not part:
-                continue
-            normalizer = loss_normalizer(c.loss, [s.sampled_tokens for s in part])
-            rows = pack_sequences(split_by_tokens(part, self.world)[self.rank],
-                                  c.micro_batch_tokens)  # fmt: skip
-            most = int(self._reduce([len(rows)], dist.ReduceOp.MAX)[0])
-            rows += pack_sequences([_PADDING_SEQUENCE], c.micro_batch_tokens) * (most - len(rows))
-            self.optimizer.zero_grad(set_to_none=True)
-            sums = [0.0, 0.0, 0.0, 0.0]
-            for row in rows:
-                terms = row_loss_terms(self, row, normalizer, c)
-                terms.loss.backward()
-                for index, value in enumerate((terms.loss, terms.clipped_tokens,
-                                               terms.kl_sum, terms.ratio_sum)):  # fmt: skip
-                    sums[index] += float(value.detach())
-            norm = torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm)
-            norms.append(float(norm.full_tensor() if isinstance(norm, DTensor) else norm))
-            self.optimizer.step()
-            part_loss, part_clipped, part_kl, part_ratio = self._reduce(sums)
-            losses.append(part_loss)
-            clipped, kl, ratio = clipped + part_clipped, kl + part_kl, ratio + part_ratio
-        self.root.eval()
-        sampled = sum(s.sampled_tokens for s in sequences)
-        return StepStats(
-            trained=True, groups=len(groups), groups_skipped_no_variance=skipped,
-            trajectories=trajectories, sequences=len(sequences), sampled_tokens=sampled,
-            total_tokens=sum(len(s.token_ids) for s in sequences),
-            loss=sum(losses) / len(losses), grad_norm=sum(norms) / len(norms),
-            clip_fraction=clipped / sampled, kl=kl / sampled, mean_ratio=ratio / sampled,
-            seconds=time.perf_counter() - started,
-        )  # fmt: skip
-
-    def _adapter_params(self) -> dict[str, torch.Tensor]:
-        """peft's checkpoint key -> this rank's parameter (adapter name dropped, as saved)."""
-        from peft import get_peft_model_state_dict
-
-        named = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
-        return get_peft_model_state_dict(self.model, state_dict=named)
-
-    def save_adapter(self, folder: Path) -> None:
-        import torch.distributed as dist
-
-        named = {n: _full(p) for n, p in self.model.named_parameters() if p.requires_grad}
-        if self.rank == 0:
-            self.model.save_pretrained(folder, state_dict=named)
-        dist.barrier()
-
-    def save_optimizer(self, folder: Path) -> None:
-        import torch.distributed as dist
-
-        state = self.optimizer.state_dict()
-        whole = {index: {key: _full(value) for key, value in per_param.items()}
-                 for index, per_param in state["state"].items()}  # fmt: skip
-        if self.rank == 0:
-            temp = folder / f".{OPTIMIZER_FILE}.tmp"
-            torch.save({"state": whole, "param_groups": state["param_groups"]}, temp)
-            temp.replace(folder / OPTIMIZER_FILE)
-        dist.barrier()
-
-    def load(self, folder: Path) -> None:
-        from safetensors.torch import load_file
-
-        adapter_file = folder / "adapter_model.safetensors"
-        if not adapter_file.is_file():
-            raise CheckpointError(f"checkpoint {folder} has no adapter_model.safetensors; "
-                                  "fix: pass a folder written by save_adapter")  # fmt: skip
-        weights = load_file(str(adapter_file))
-        targets = self._adapter_params()
-        if set(weights) != set(targets):
-            odd = sorted(set(weights) ^ set(targets))
-            raise CheckpointError(
-                f"checkpoint {folder} does not fit this model: {odd[:3]}; fix: load a "
-                "checkpoint of the same base model and LoRA settings"
-            )
-        with torch.no_grad():
-            for key, param in targets.items():
-                param.copy_(_shard_like(weights[key], param))
-        optimizer_file = folder / OPTIMIZER_FILE
-        if not optimizer_file.exists():  # written after publishing (see backend.py)
-            logger.warning("checkpoint %s has no optimizer state; AdamW starts afresh", folder)
-            return
-        saved = torch.load(optimizer_file, map_location="cpu")
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        state = {index: {key: value if key == "step" else _shard_like(value, params[index])
-                         for key, value in per_param.items()}
-                 for index, per_param in saved["state"].items()}  # fmt: skip
-        self.optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
-
-    def run(self, command: Mapping[str, Any]) -> dict[str, Any]:
-        name = command["cmd"]
-        if name == "step":
-            text = Path(command["groups"]).read_text(encoding="utf-8")
-            groups = [TrajectoryGroup.model_validate_json(line) for line in text.splitlines()]
-            config = TrainConfig.model_validate(command["config"])
-            return self.step(groups, config).as_dict()
-        folder = Path(command["folder"])
-        if name == "save_adapter":
-            self.save_adapter(folder)
-        elif name == "save_optimizer":
-            self.save_optimizer(folder)
-        elif name == "load":
-            self.load(folder)
-        else:
-            raise ConfigError(f"unknown trainer command {name!r}")
-        return {}
-
-
-class _Channel:
-    """Rank 0's end of the driver's socket: JSON lines both ways."""
-
-    def __init__(self, port: int, token: str) -> None:
-        self.socket = socket.create_connection(("127.0.0.1", port))
-        self.buffer = b""
-        self.send({"token": token})
-
-    def send(self, message: dict[str, Any]) -> None:
-        self.socket.sendall((json.dumps(message) + "\n").encode())
-
-    def receive(self, idle_s: float) -> dict[str, Any]:
-        """The next command; `idle` after `idle_s` without one, `close` if the driver is gone."""
-        while b"\n" not in self.buffer:
-            if not select.select([self.socket], [], [], idle_s)[0]:
-                return {"cmd": "idle"}
-            chunk = self.socket.recv(1 << 16)
-            if not chunk:
-                return {"cmd": "close"}
-            self.buffer += chunk
-        line, self.buffer = self.buffer.split(b"\n", 1)
-        return json.loads(line)
-
-
-def _serve(trainer: _RankTrainer, channel: _Channel | None) -> None:
-    """Run the driver's commands until `close`, every rank in step with rank 0."""
-    import torch.distributed as dist
-
-    while True:
-        # Between steps (rollouts can take an hour) rank 0 wakes the others every
-        # `_IDLE_S`, so no rank sits in one collective long enough to hit its timeout.
-        box = [channel.receive(_IDLE_S) if channel is not None else None]
-        dist.broadcast_object_list(box, src=0)
-        command = box[0]
-        if command["cmd"] == "close":
-            return
-        if command["cmd"] == "idle":
-            continue
-        try:
-            reply = {"id": command["id"], "ok": True, "result": trainer.run(command)}
-        except (TrainingDataError, ConfigError, CheckpointError) as e:
-            reply = {"id": command["id"], "ok": False, "kind": type(e).__name__, "error": str(e)}
-        if channel is not None:
-            channel.send(reply)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """One rank, as torchrun starts it (`RANK`, `WORLD_SIZE`, `LOCAL_RANK` in the env)."""
-    import torch.distributed as dist
-
-    parser = argparse.ArgumentParser(description="an rlcoach training rank (run by torchrun)")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--config", required=True, help="TrainConfig as JSON")
-    parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
-    parser.add_argument("--driver-port", type=int, required=True)
-    parser.add_argument("--token", required=True)
-    args = parser.parse_args(argv)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    line = f"%(asctime)s rank {rank} %(levelname)s %(name)s: %(message)s"
-    logging.basicConfig(level=logging.INFO, format=line)
-    channel = _Channel(args.driver_port, args.token) if rank == 0 else None
-
-    def progress(message: str) -> None:
-        logger.info(message)
-        if channel is not None:
-            channel.send({"event": "progress", "message": message})
-
-    if args.backend == "nccl":
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # ranks share the cores
-    progress(f"{world} ranks up; joining the {args.backend} process group")
-    dist.init_process_group(args.backend)
-    try:
-        progress("loading the model and sharding it (FSDP2)")
-        config = TrainConfig.model_validate_json(args.config)
-        trainer = _RankTrainer(args.model, config, device)
-        pids: list[Any] = [None] * world
-        dist.all_gather_object(pids, os.getpid())
-        if channel is not None:
-            channel.send({"event": "ready", "pids": pids})
-        _serve(trainer, channel)
-    finally:
-        dist.destroy_process_group()
 
 
 # ---------------------------------------------------------------- the driver
@@ -439,7 +117,7 @@ class DistributedTrainer:
         token = secrets.token_hex(16)
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    "--nproc-per-node", str(ranks), "--max-restarts", "0",
-                   "-m", "rlcoach.trainer.distributed", "--model", str(model_path),
+                   "-m", "rlcoach.trainer.ranks", "--model", str(model_path),
                    "--config", config.model_dump_json(), "--backend", backend,
                    "--driver-port", str(self._server.getsockname()[1]),
                    "--token", token]  # fmt: skip
@@ -620,7 +298,3 @@ def _tail(path: Path) -> str:
         return "(no log)"
     errors = [line for line in lines if _ERROR_LINE.match(line)]
     return "\n".join(dict.fromkeys(errors[-4:]) if errors else lines[-10:])
-
-
-if __name__ == "__main__":
-    main()

@@ -59,7 +59,7 @@ from rlcoach.types import TrajectoryGroup
 
 __all__ = [
     "LoraTrainer", "StepStats", "build_lora_model", "build_optimizer", "chunked_token_logprobs",
-    "collect_sequences", "row_loss_terms",
+    "collect_sequences", "row_loss_terms", "untrained_stats",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -225,6 +225,12 @@ def collect_sequences(groups: list[TrajectoryGroup],
     return sequences, skipped, trajectories
 
 
+def untrained_stats(groups: int, skipped: int, started: float) -> StepStats:
+    """The stats of a step that trained nothing: no group had reward variance."""
+    return StepStats(False, groups, skipped, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 1.0,
+                     time.perf_counter() - started)  # fmt: skip
+
+
 def row_loss_terms(trainer: Any, row: PackedRow, normalizer: float,
                    config: TrainConfig) -> LossTerms:  # fmt: skip
     """The policy loss of one packed row under `trainer.row_logprobs` (and its reference
@@ -280,8 +286,7 @@ class LoraTrainer:
         started = time.perf_counter()
         sequences, skipped, trajectories = collect_sequences(groups, c)
         if not sequences:
-            return StepStats(False, len(groups), skipped, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 1.0,
-                             time.perf_counter() - started)  # fmt: skip
+            return untrained_stats(len(groups), skipped, started)
         self.model.train()
         mini_batches = [sequences[i :: c.mini_batches] for i in range(c.mini_batches)]
         losses, norms = [], []

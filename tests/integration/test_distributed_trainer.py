@@ -20,8 +20,9 @@ import torch
 from rlcoach import LocalBackend, SampledChoice, TrainableModel, Trajectory, TrajectoryGroup
 from rlcoach.config import TrainConfig
 from rlcoach.errors import TrainerError
-from rlcoach.trainer.distributed import DistributedTrainer, split_by_tokens
+from rlcoach.trainer.distributed import DistributedTrainer
 from rlcoach.trainer.lora import OPTIMIZER_FILE, LoraTrainer
+from rlcoach.trainer.ranks import split_by_tokens
 from rlcoach.trainer.sequences import TrainSequence
 
 VOCAB = 256
