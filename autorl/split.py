@@ -28,8 +28,9 @@ def _unit(seed: int, record_id: str) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
-def split_records(records: Sequence[InputRecord], eval_fraction: float = 0.2,
-                  seed: int = 0) -> tuple[list[InputRecord], list[InputRecord]]:  # fmt: skip
+def split_records(
+    records: Sequence[InputRecord], eval_fraction: float = 0.2, seed: int = 0
+) -> tuple[list[InputRecord], list[InputRecord]]:
     """(train, eval), each in input order; a pure function of each record's id and seed."""
     if not 0.0 <= eval_fraction < 1.0:
         raise ConfigError(
@@ -46,8 +47,12 @@ def _jsonl(records: Sequence[InputRecord]) -> str:
     return "".join(record.model_dump_json() + "\n" for record in records)
 
 
-def save_dataset(folder: str | os.PathLike[str], train: Sequence[InputRecord],
-                 evaluation: Sequence[InputRecord], manifest: dict[str, Any]) -> Path:  # fmt: skip
+def save_dataset(
+    folder: str | os.PathLike[str],
+    train: Sequence[InputRecord],
+    evaluation: Sequence[InputRecord],
+    manifest: dict[str, Any],
+) -> Path:
     """Write `train.jsonl`, `eval.jsonl` and `dataset.json` under `folder`."""
     target = Path(folder)
     write_text_atomic(target / "train.jsonl", _jsonl(train))

@@ -26,8 +26,12 @@ from rlcoach import LocalBackend, TrainableModel, gather_trajectory_groups
 from rlcoach.demo.task import Question, run_question
 from rlcoach.trainer.sequences import build_sequences, pack_sequences
 
-BODY = {"messages": [{"role": "user", "content": "Tell me a story about a robot."}],
-        "max_tokens": 32, "temperature": 1.0, "ignore_eos": True}  # fmt: skip
+BODY = {
+    "messages": [{"role": "user", "content": "Tell me a story about a robot."}],
+    "max_tokens": 32,
+    "temperature": 1.0,
+    "ignore_eos": True,
+}
 
 
 async def _load(url: str, model: str, requests: int, concurrency: int, force: bool) -> float:
@@ -47,20 +51,21 @@ async def _load(url: str, model: str, requests: int, concurrency: int, force: bo
         return time.perf_counter() - started
 
 
-async def bench_gateway(backend: LocalBackend, model: TrainableModel, requests: int,
-                        concurrency: int, rounds: int) -> None:  # fmt: skip
+async def bench_gateway(
+    backend: LocalBackend, model: TrainableModel, requests: int, concurrency: int, rounds: int
+) -> None:
     engine = backend.engine
     await _load(engine.url, engine.base_name, concurrency, concurrency, True)  # warm-up
     direct, gateway = [], []
     for _ in range(rounds):
         direct.append(await _load(engine.url, engine.base_name, requests, concurrency, True))
-        gateway.append(
-            await _load(backend.url, model.served_name, requests, concurrency, False)
-        )
+        gateway.append(await _load(backend.url, model.served_name, requests, concurrency, False))
     tokens = requests * BODY["max_tokens"]
     d, g = statistics.median(direct), statistics.median(gateway)
-    print(f"gateway: {requests} requests x {BODY['max_tokens']} tokens, concurrency "
-          f"{concurrency}, median of {rounds} rounds")
+    print(
+        f"gateway: {requests} requests x {BODY['max_tokens']} tokens, concurrency "
+        f"{concurrency}, median of {rounds} rounds"
+    )
     print(f"  vLLM direct   {requests / d:7.2f} req/s  {tokens / d:8.1f} tok/s")
     print(f"  via gateway   {requests / g:7.2f} req/s  {tokens / g:8.1f} tok/s")
     print(f"  ratio gateway/direct throughput: {d / g:.3f}")
@@ -75,20 +80,24 @@ async def bench_publish_and_trainer(backend: LocalBackend, model: TrainableModel
         return trajectory
 
     questions = [Question(123, 456), Question(700, 211)]
-    groups = await gather_trajectory_groups([[attempt(q) for _ in range(8)] for q in questions],
-                                            progress=False)  # fmt: skip
+    groups = await gather_trajectory_groups(
+        [[attempt(q) for _ in range(8)] for q in questions], progress=False
+    )
     result = await model.train(groups)
     first_token_started = time.perf_counter()
     # One token: the gateway streams from a finished completion, so max_tokens=1 is the
     # honest "first token" here.
-    await client.chat.completions.create(model=model.served_name, messages=BODY["messages"],
-                                         max_tokens=1)  # fmt: skip
+    await client.chat.completions.create(
+        model=model.served_name, messages=BODY["messages"], max_tokens=1
+    )
     first_token = time.perf_counter() - first_token_started
     latency = result.save_seconds + result.publish_seconds + first_token
     s = result.stats
-    print(f"publish: optimizer step {s.seconds:.2f} s; then save {result.save_seconds * 1000:.0f}"
-          f" ms + load into vLLM {result.publish_seconds * 1000:.0f} ms + first token "
-          f"{first_token * 1000:.0f} ms = {latency * 1000:.0f} ms")
+    print(
+        f"publish: optimizer step {s.seconds:.2f} s; then save {result.save_seconds * 1000:.0f}"
+        f" ms + load into vLLM {result.publish_seconds * 1000:.0f} ms + first token "
+        f"{first_token * 1000:.0f} ms = {latency * 1000:.0f} ms"
+    )
     print(f"  ratio publish latency/step time: {latency / s.seconds:.4f}")
 
     trainer = backend._trainers[model.name]
@@ -100,9 +109,11 @@ async def bench_publish_and_trainer(backend: LocalBackend, model: TrainableModel
             trainer.row_logprobs(row)
     forward = time.perf_counter() - started
     tokens = sum(len(seq.token_ids) for seq in sequences)
-    print(f"trainer: {tokens} tokens in {len(rows)} rows; LoRA step {s.seconds:.2f} s = "
-          f"{s.total_tokens / s.seconds:.0f} tok/s; forward only {forward:.2f} s = "
-          f"{tokens / forward:.0f} tok/s")
+    print(
+        f"trainer: {tokens} tokens in {len(rows)} rows; LoRA step {s.seconds:.2f} s = "
+        f"{s.total_tokens / s.seconds:.0f} tok/s; forward only {forward:.2f} s = "
+        f"{tokens / forward:.0f} tok/s"
+    )
     ratio = (s.total_tokens / s.seconds) / (tokens / forward)
     print(f"  ratio step/forward-only throughput: {ratio:.3f}")
 

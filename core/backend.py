@@ -101,8 +101,12 @@ class StepResult:
     save_seconds: float
 
     def as_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "publish_seconds": self.publish_seconds,
-                "save_seconds": self.save_seconds, **self.stats.as_dict()}  # fmt: skip
+        return {
+            "step": self.step,
+            "publish_seconds": self.publish_seconds,
+            "save_seconds": self.save_seconds,
+            **self.stats.as_dict(),
+        }
 
 
 @runtime_checkable
@@ -120,8 +124,12 @@ class Backend(Protocol):
     async def register(self, model: TrainableModel) -> None:
         """Serve `model` (resuming from its latest checkpoint) and set `model.step`."""
 
-    async def train(self, model: TrainableModel, groups: list[TrajectoryGroup],
-                    config: TrainConfig | dict[str, Any] | None = None) -> StepResult:  # fmt: skip
+    async def train(
+        self,
+        model: TrainableModel,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig | dict[str, Any] | None = None,
+    ) -> StepResult:
         """One step on `groups`; returns once the new adapter is served."""
 
     async def take_exchanges(self, rollout_id: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -137,16 +145,21 @@ class Backend(Protocol):
 class LocalBackend:
     """Serve and train models on this machine."""
 
-    def __init__(self, root: str | os.PathLike[str] = DEFAULT_ROOT,
-                 engine: EngineConfig | dict[str, Any] | None = None,
-                 sinks: SinkConfig | dict[str, Any] | list[str | Sink] | None = None,
-                 max_trainers: int = 2) -> None:  # fmt: skip
+    def __init__(
+        self,
+        root: str | os.PathLike[str] = DEFAULT_ROOT,
+        engine: EngineConfig | dict[str, Any] | None = None,
+        sinks: SinkConfig | dict[str, Any] | list[str | Sink] | None = None,
+        max_trainers: int = 2,
+    ) -> None:
         """`sinks`: plug-in sinks by name (`["wandb"]`), `Sink` objects, or a `SinkConfig`
         (dict form accepted); Langfuse turns on by itself when its keys are set.
         `max_trainers`: trainers kept in memory (each holds a copy of the base model)."""
         if max_trainers < 1:
-            raise ConfigError(f"max_trainers={max_trainers}: at least one trainer is needed; "
-                              "fix: pass max_trainers >= 1")  # fmt: skip
+            raise ConfigError(
+                f"max_trainers={max_trainers}: at least one trainer is needed; "
+                "fix: pass max_trainers >= 1"
+            )
         self.max_trainers = max_trainers
         # Absolute, because the vLLM server resolves adapter paths from its own cwd.
         self.root = Path(root).absolute()
@@ -197,10 +210,18 @@ class LocalBackend:
         else:
             from rlcoach.engines.transformers import TransformersEngine
 
-            template = (c.chat_template.read_text() if c.chat_template
-                        else fallback_chat_template(self._model_path))  # fmt: skip
-            engine = TransformersEngine(self._model_path, base_name, chat_template=template,
-                                        max_model_len=c.max_model_len, dtype=c.dtype)  # fmt: skip
+            template = (
+                c.chat_template.read_text()
+                if c.chat_template
+                else fallback_chat_template(self._model_path)
+            )
+            engine = TransformersEngine(
+                self._model_path,
+                base_name,
+                chat_template=template,
+                max_model_len=c.max_model_len,
+                dtype=c.dtype,
+            )
         gateway = Gateway(engine, Router(engine, c.max_loras), c.host, c.port)
         gateway.start()
         try:
@@ -229,8 +250,11 @@ class LocalBackend:
         latest = paths.latest_checkpoint()
         steps = {}
         if paths.checkpoints.is_dir():
-            steps = {int(p.name): p for p in paths.checkpoints.iterdir() if p.name.isdigit()
-                     and (p / "adapter_config.json").exists()}  # fmt: skip
+            steps = {
+                int(p.name): p
+                for p in paths.checkpoints.iterdir()
+                if p.name.isdigit() and (p / "adapter_config.json").exists()
+            }
         model.step = latest[0] if latest else 0
         self.gateway.router.register(model.name, 0, steps)
         if latest is not None:
@@ -244,8 +268,13 @@ class LocalBackend:
                     "objects, and a Sink object records one run; fix: pass plug-in names "
                     "(each model gets its own sinks) or use one LocalBackend per model"
                 )
-            info = run_info(self.root, model.project, model.name, model.base_model,
-                            model.config.model_dump(mode="json"))  # fmt: skip
+            info = run_info(
+                self.root,
+                model.project,
+                model.name,
+                model.base_model,
+                model.config.model_dump(mode="json"),
+            )
             self._sinks[model.name] = await asyncio.to_thread(
                 open_sinks, info, self.sink_config, self._sink_objects
             )
@@ -294,11 +323,13 @@ class LocalBackend:
         resolved = self._placement()
         log = self.root / "logs" / f"trainer-{model.name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
         if resolved is None:  # CPU ranks
-            return DistributedTrainer(self._model_path, model.config, ranks=ranks,
-                                      backend="gloo", log_file=log)  # fmt: skip
+            return DistributedTrainer(
+                self._model_path, model.config, ranks=ranks, backend="gloo", log_file=log
+            )
         env = resolved.train_env(os.environ.get("CUDA_VISIBLE_DEVICES"))
-        return DistributedTrainer(self._model_path, model.config, ranks=ranks, backend="nccl",
-                                  env=env, log_file=log)  # fmt: skip
+        return DistributedTrainer(
+            self._model_path, model.config, ranks=ranks, backend="nccl", env=env, log_file=log
+        )
 
     def _trainer(self, model: TrainableModel) -> LoraTrainer | DistributedTrainer:
         """The model's trainer; at most `max_trainers` stay in memory (least recently used
@@ -312,8 +343,9 @@ class LocalBackend:
             while len(self._trainers) >= self.max_trainers:
                 evicted = next(iter(self._trainers))
                 _close_trainer(self._trainers.pop(evicted))
-                logger.info("released the trainer of %s (max_trainers=%d)", evicted,
-                            self.max_trainers)  # fmt: skip
+                logger.info(
+                    "released the trainer of %s (max_trainers=%d)", evicted, self.max_trainers
+                )
             gc.collect()
             trainer = self._make_trainer(model)
             latest = self.paths(model).latest_checkpoint()
@@ -322,9 +354,14 @@ class LocalBackend:
         self._trainers[model.name] = trainer  # (re)inserted last: the most recently used
         return trainer
 
-    async def train(self, model: TrainableModel, groups: list[TrajectoryGroup],
-                    config: TrainConfig | dict[str, Any] | None = None, *,
-                    request_id: str | None = None) -> StepResult:  # fmt: skip
+    async def train(
+        self,
+        model: TrainableModel,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig | dict[str, Any] | None = None,
+        *,
+        request_id: str | None = None,
+    ) -> StepResult:
         """One step on `groups`; returns once the new adapter is served.
 
         `request_id` (the server passes the client's) is written into the checkpoint.
@@ -348,10 +385,15 @@ class LocalBackend:
         self._record(sinks, model, next_step, "train", result, groups, started)
         return result
 
-    async def train_sft(self, model: TrainableModel, data: Sequence[Trajectory | ChatRecord],
-                        config: SFTConfig | dict[str, Any] | None = None, *,
-                        progress: bool = False, request_id: str | None = None,
-                        ) -> StepResult:  # fmt: skip
+    async def train_sft(
+        self,
+        model: TrainableModel,
+        data: Sequence[Trajectory | ChatRecord],
+        config: SFTConfig | dict[str, Any] | None = None,
+        *,
+        progress: bool = False,
+        request_id: str | None = None,
+    ) -> StepResult:
         """Supervised fine-tuning on `data` (see trainer/sft.py) as one step.
 
         The adapter it writes is the next checkpoint, numbered and served exactly like an
@@ -371,22 +413,27 @@ class LocalBackend:
         sft_config = parse_config(SFTConfig, config)
         items = list(data)
         if not items:
-            raise ConfigError("train_sft got no examples; fix: pass at least one "
-                              "Trajectory or ChatRecord")  # fmt: skip
+            raise ConfigError(
+                "train_sft got no examples; fix: pass at least one Trajectory or ChatRecord"
+            )
         started = time.perf_counter()
         next_step = model.step + 1
         await asyncio.to_thread(
-            write_text_atomic, self.paths(model).dir / "sft" / f"{next_step:06d}.jsonl",
+            write_text_atomic,
+            self.paths(model).dir / "sft" / f"{next_step:06d}.jsonl",
             "".join(item.model_dump_json() + "\n" for item in items),
-        )  # fmt: skip
+        )
         trainer = await asyncio.to_thread(self._trainer, model)
         tokenizer = await asyncio.to_thread(self._tokenizer)
         sequences = await asyncio.to_thread(sft_sequences, items, tokenizer)
-        stats = await asyncio.to_thread(sft_train, trainer, sequences, sft_config, len(items),
-                                        progress)  # fmt: skip
+        stats = await asyncio.to_thread(
+            sft_train, trainer, sequences, sft_config, len(items), progress
+        )
         if not stats.trained:
-            raise ConfigError("the SFT examples hold no assistant token to train on; fix: "
-                              "include the assistant turns the model should imitate")  # fmt: skip
+            raise ConfigError(
+                "the SFT examples hold no assistant token to train on; fix: "
+                "include the assistant turns the model should imitate"
+            )
         record = {"request_id": request_id, "kind": "sft", "stats": stats.as_dict()}
         result = await self._publish_step(model, trainer, stats, record)
         self._record(self.sinks(model), model, next_step, "sft", result, [], started)
@@ -404,16 +451,18 @@ class LocalBackend:
             self._tokenizer_cache = tokenizer
         return self._tokenizer_cache
 
-    async def _publish_step(self, model: TrainableModel,
-                            trainer: LoraTrainer | DistributedTrainer,
-                            stats: StepStats | SFTStats,
-                            record: dict[str, Any]) -> StepResult:  # fmt: skip
+    async def _publish_step(
+        self,
+        model: TrainableModel,
+        trainer: LoraTrainer | DistributedTrainer,
+        stats: StepStats | SFTStats,
+        record: dict[str, Any],
+    ) -> StepResult:
         """Save the adapter as the next checkpoint, serve it, then bump the model's step."""
         assert self.gateway is not None
         next_step = model.step + 1
         saved = time.perf_counter()
-        folder = await asyncio.to_thread(self._save, trainer, self.paths(model), next_step,
-                                         record)  # fmt: skip
+        folder = await asyncio.to_thread(self._save, trainer, self.paths(model), next_step, record)
         save_seconds = time.perf_counter() - saved
         publish_seconds = await self.gateway.call(
             self.gateway.router.publish(model.name, next_step, folder)
@@ -425,19 +474,33 @@ class LocalBackend:
         return StepResult(next_step, stats, folder, publish_seconds, save_seconds)
 
     @staticmethod
-    def _record(sinks: SinkSet, model: TrainableModel, step: int, event: str,
-                result: StepResult, groups: list[TrajectoryGroup],
-                started: float) -> None:  # fmt: skip
+    def _record(
+        sinks: SinkSet,
+        model: TrainableModel,
+        step: int,
+        event: str,
+        result: StepResult,
+        groups: list[TrajectoryGroup],
+        started: float,
+    ) -> None:
         """One metrics record. Sinks get it under `step`, the step its trajectories were
         logged for, also when nothing trained (the record's own `step` stays the model's)."""
-        record = {"event": event, **result.as_dict(), **rollout_metrics(groups),
-                  "step_seconds": time.perf_counter() - started,
-                  "policy": model.served_name}  # fmt: skip
+        record = {
+            "event": event,
+            **result.as_dict(),
+            **rollout_metrics(groups),
+            "step_seconds": time.perf_counter() - started,
+            "policy": model.served_name,
+        }
         sinks.log_metrics(step, record)
 
     @staticmethod
-    def _save(trainer: LoraTrainer | DistributedTrainer, paths: RunPaths, step: int,
-              record: dict[str, Any]) -> Path:  # fmt: skip
+    def _save(
+        trainer: LoraTrainer | DistributedTrainer,
+        paths: RunPaths,
+        step: int,
+        record: dict[str, Any],
+    ) -> Path:
         target = paths.checkpoint(step)
         if target.exists():
             raise CheckpointError(

@@ -33,9 +33,13 @@ from rlcoach.errors import ConfigError
 from rlcoach.paths import write_text_atomic
 
 __all__ = [
-    "BUNDLED_MODEL", "GEMMA3_270M", "SHIPPED_MODELS", "bundled_model_path", "cache_dir",
+    "BUNDLED_MODEL",
+    "GEMMA3_270M",
+    "SHIPPED_MODELS",
+    "bundled_model_path",
+    "cache_dir",
     "shipped_model_path",
-]  # fmt: skip
+]
 
 logger = logging.getLogger(__name__)
 

@@ -49,9 +49,13 @@ def merge_stream(text: str) -> dict[str, Any]:
         for part in chunk.get("choices") or []:
             index = part.get("index", 0)
             while len(merged["choices"]) <= index:
-                merged["choices"].append({"index": len(merged["choices"]),
-                                          "message": {"role": "assistant", "content": None},
-                                          "finish_reason": None})  # fmt: skip
+                merged["choices"].append(
+                    {
+                        "index": len(merged["choices"]),
+                        "message": {"role": "assistant", "content": None},
+                        "finish_reason": None,
+                    }
+                )
             choice = merged["choices"][index]
             delta = part.get("delta") or {}
             message = choice["message"]
@@ -61,8 +65,9 @@ def merge_stream(text: str) -> dict[str, Any]:
                 calls = message.setdefault("tool_calls", [])
                 position = call.get("index", len(calls))
                 while len(calls) <= position:
-                    calls.append({"id": None, "type": "function",
-                                  "function": {"name": "", "arguments": ""}})  # fmt: skip
+                    calls.append(
+                        {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+                    )
                 target = calls[position]
                 target["id"] = call.get("id") or target["id"]
                 function = call.get("function") or {}
@@ -126,8 +131,9 @@ def _conversations(exchanges: list[tuple[dict[str, Any], dict[str, Any]]]) -> li
         reply = {k: v for k, v in (choices[0].get("message") or {}).items() if v is not None}
         reply.setdefault("role", "assistant")
         keys = [message_key(m) for m in messages]
-        target = next((entry for entry in reversed(found)
-                       if keys[: len(entry[0])] == entry[0]), None)  # fmt: skip
+        target = next(
+            (entry for entry in reversed(found) if keys[: len(entry[0])] == entry[0]), None
+        )
         if target is None:
             found.append(([], History(tools=request.get("tools") or None)))
             target = found[-1]
@@ -150,6 +156,8 @@ class CapturedRollout(Rollout):
             main = max(conversations, key=lambda h: len(h.messages))
             t = self.trajectory
             t.messages, t.tools = main.messages, main.tools
-            t.additional_histories = [*t.additional_histories,
-                                      *(h for h in conversations if h is not main)]  # fmt: skip
+            t.additional_histories = [
+                *t.additional_histories,
+                *(h for h in conversations if h is not main),
+            ]
         return self.trajectory

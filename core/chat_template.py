@@ -21,8 +21,13 @@ import re
 import uuid
 from typing import Any
 
-__all__ = ["TEXT_MACRO", "TOOL_CHAT_TEMPLATE", "jinja_literal", "parse_tool_calls",
-           "template_messages"]  # fmt: skip
+__all__ = [
+    "TEXT_MACRO",
+    "TOOL_CHAT_TEMPLATE",
+    "jinja_literal",
+    "parse_tool_calls",
+    "template_messages",
+]
 
 _DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
@@ -51,7 +56,9 @@ TEXT_MACRO = r"""
 """`text(content)`: a message's content as text, whether a string or a list of parts
 (vLLM passes content as parts); every template of ours starts with it."""
 
-_TEMPLATE = TEXT_MACRO + r"""
+_TEMPLATE = (
+    TEXT_MACRO
+    + r"""
 {%- if messages and messages[0].role == 'system' -%}
   {%- set system = text(messages[0].content) -%}
   {%- set rest = messages[1:] -%}
@@ -92,6 +99,7 @@ _TEMPLATE = TEXT_MACRO + r"""
 {%- endfor -%}
 {%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
 """
+)
 
 
 def jinja_literal(text: str) -> str:

@@ -14,8 +14,10 @@ app = typer.Typer(help="Train LLM agents with reinforcement learning.", no_args_
 
 @app.callback()
 def main(verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
 
 
 @app.command()
@@ -35,10 +37,18 @@ def demo(
     from rlcoach.demo.run import DemoConfig, run_demo
     from rlcoach.errors import RLCoachError
 
-    config = DemoConfig(steps=steps, questions_per_step=questions_per_step,
-                        group_size=group_size, eval_questions=eval_questions,
-                        eval_samples=eval_samples, learning_rate=learning_rate, engine=engine,
-                        root=root, seed=seed, resume=resume)  # fmt: skip
+    config = DemoConfig(
+        steps=steps,
+        questions_per_step=questions_per_step,
+        group_size=group_size,
+        eval_questions=eval_questions,
+        eval_samples=eval_samples,
+        learning_rate=learning_rate,
+        engine=engine,
+        root=root,
+        seed=seed,
+        resume=resume,
+    )
     try:
         result = asyncio.run(run_demo(config))
     except RLCoachError as e:
@@ -49,8 +59,9 @@ def demo(
 
 @app.command()
 def serve(
-    host: Annotated[str, typer.Option(help="Interface to bind (default: this machine only).")]
-    = "127.0.0.1",
+    host: Annotated[
+        str, typer.Option(help="Interface to bind (default: this machine only).")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535)] = 8000,
     root: Annotated[Path, typer.Option(help="Where runs are written.")] = Path(".rlcoach"),
     base_model: Annotated[
@@ -73,12 +84,17 @@ def serve(
 
     try:
         extra = {"base_model": base_model} if base_model else {}
-        config = ServeConfig(host=host, port=port, root=root, **extra,
-                             engine={"kind": engine, "max_model_len": max_model_len},
-                             max_request_bytes=max_request_mb * 1024 * 1024,
-                             max_concurrent_chats=max_concurrent_chats,
-                             max_queued_chats=max_queued_chats,
-                             queue_timeout_s=queue_timeout_s)  # fmt: skip
+        config = ServeConfig(
+            host=host,
+            port=port,
+            root=root,
+            **extra,
+            engine={"kind": engine, "max_model_len": max_model_len},
+            max_request_bytes=max_request_mb * 1024 * 1024,
+            max_concurrent_chats=max_concurrent_chats,
+            max_queued_chats=max_queued_chats,
+            queue_timeout_s=queue_timeout_s,
+        )
         serve(config, os.environ.get("RLCOACH_API_KEY") or None)
     except RLCoachError as e:
         typer.echo(f"error: {e}", err=True)
@@ -96,8 +112,9 @@ def sft(
     epochs: Annotated[int, typer.Option(min=1)] = 1,
     batch_size: Annotated[int, typer.Option(min=1, help="Sequences per optimizer step.")] = 8,
     learning_rate: Annotated[float, typer.Option(min=0.0)] = 2e-4,
-    engine: Annotated[str, typer.Option(help="transformers (no server needed) or vllm.")]
-    = "transformers",
+    engine: Annotated[
+        str, typer.Option(help="transformers (no server needed) or vllm.")
+    ] = "transformers",
     root: Annotated[Path, typer.Option(help="Where runs are written.")] = Path(".rlcoach"),
     seed: int = 0,
 ) -> None:
@@ -113,17 +130,20 @@ def sft(
 
     async def run() -> str:
         items = load_sft_file(data)
-        config = SFTConfig(epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
-                           seed=seed)  # fmt: skip
+        config = SFTConfig(
+            epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, seed=seed
+        )
         model = TrainableModel(name, project, base_model or BUNDLED_MODEL)
         async with LocalBackend(root, engine={"kind": engine}) as backend:
             await model.register(backend)
             result = await model.train_sft(items, config, progress=True)
         s = result.stats
-        return (f"sft: {s.examples} examples, {s.sequences} sequences, {s.trained_tokens} "
-                f"trained tokens, {s.optimizer_steps} optimizer steps, loss "
-                f"{s.loss_first:.3f} -> {s.loss_last:.3f}; {model.served_name} at "
-                f"{result.checkpoint}")  # fmt: skip
+        return (
+            f"sft: {s.examples} examples, {s.sequences} sequences, {s.trained_tokens} "
+            f"trained tokens, {s.optimizer_steps} optimizer steps, loss "
+            f"{s.loss_first:.3f} -> {s.loss_last:.3f}; {model.served_name} at "
+            f"{result.checkpoint}"
+        )
 
     try:
         typer.echo(asyncio.run(run()))

@@ -50,9 +50,13 @@ class Demonstrations:
 
     def summary(self) -> dict[str, float]:
         rewards = [t.reward for t in [*self.kept, *self.rejected]]
-        return {"attempts": float(self.attempts), "kept": float(len(self.kept)),
-                "rejected": float(len(self.rejected)), "failed": float(len(self.failures)),
-                "teacher_reward": sum(rewards) / len(rewards) if rewards else 0.0}  # fmt: skip
+        return {
+            "attempts": float(self.attempts),
+            "kept": float(len(self.kept)),
+            "rejected": float(len(self.rejected)),
+            "failed": float(len(self.failures)),
+            "teacher_reward": sum(rewards) / len(rewards) if rewards else 0.0,
+        }
 
 
 def _imitable(trajectory: Trajectory) -> bool:
@@ -75,9 +79,11 @@ async def collect_demonstrations(
         raise ValueError(f"samples_per_task={samples_per_task!r} must be at least 1")
     groups: list[TrajectoryGroup] = await gather_trajectory_groups(
         ([rollout(teacher, task) for _ in range(samples_per_task)] for task in tasks),
-        max_concurrency=max_concurrency, max_failure_fraction=max_failure_fraction,
-        progress=progress, description="teacher rollouts",
-    )  # fmt: skip
+        max_concurrency=max_concurrency,
+        max_failure_fraction=max_failure_fraction,
+        progress=progress,
+        description="teacher rollouts",
+    )
     demos = Demonstrations()
     for group in groups:
         demos.failures += group.failures
@@ -102,9 +108,14 @@ async def distill(
 
     Returns the demonstrations and the SFT step's result (None when nothing was kept).
     """
-    demos = await collect_demonstrations(teacher, rollout, tasks,
-                                         samples_per_task=samples_per_task,
-                                         min_reward=min_reward, progress=progress)  # fmt: skip
+    demos = await collect_demonstrations(
+        teacher,
+        rollout,
+        tasks,
+        samples_per_task=samples_per_task,
+        min_reward=min_reward,
+        progress=progress,
+    )
     if not demos.kept:
         return demos, None
     return demos, await student.train_sft(demos.kept, config, progress=progress)

@@ -62,8 +62,9 @@ class RolloutError(RLCoachError, RuntimeError):
 class RemoteError(RLCoachError, RuntimeError):
     """`rlcoach serve` refused or failed a request (`status`, `code`, `retryable` say how)."""
 
-    def __init__(self, message: str, *, status: int = 0, code: str | None = None,
-                 retryable: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self, message: str, *, status: int = 0, code: str | None = None, retryable: bool = False
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code

@@ -28,14 +28,22 @@ from typing import Any
 
 from rlcoach.chat_template import TEXT_MACRO, TOOL_CHAT_TEMPLATE, jinja_literal
 
-__all__ = ["FAMILIES", "Family", "fallback_chat_template", "family_named", "family_of",
-           "lora_targets"]  # fmt: skip
+__all__ = [
+    "FAMILIES",
+    "Family",
+    "fallback_chat_template",
+    "family_named",
+    "family_of",
+    "lora_targets",
+]
 
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 # Shared Jinja pieces. Every literal the model sees is written as a Jinja string, so the
 # template's own line breaks never leak into the rendered text.
-_TEXT = TEXT_MACRO + r"""
+_TEXT = (
+    TEXT_MACRO
+    + r"""
 {%- macro args_json(fn) -%}
   {%- if fn.arguments is string -%}{{ fn.arguments }}
   {%- else -%}{{ fn.arguments | tojson }}
@@ -53,6 +61,7 @@ _TEXT = TEXT_MACRO + r"""
   {%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}
 {%- endfor -%}
 """
+)
 
 _QWEN3 = r"""
 {%- if tools -%}
@@ -279,9 +288,13 @@ class Family:
     end_of_turn: str = ""
 
     def as_row(self) -> dict[str, Any]:
-        return {"family": self.title, "tool parser": self.tool_call_parser,
-                "reasoning parser": self.reasoning_parser or "-",
-                "LoRA targets": ", ".join(self.lora_targets), "BOS": self.needs_bos}  # fmt: skip
+        return {
+            "family": self.title,
+            "tool parser": self.tool_call_parser,
+            "reasoning parser": self.reasoning_parser or "-",
+            "LoRA targets": ", ".join(self.lora_targets),
+            "BOS": self.needs_bos,
+        }
 
 
 FAMILIES: tuple[Family, ...] = (

@@ -79,8 +79,9 @@ class Recorder:
 def _unavailable(error: Exception) -> JSONResponse:
     """503 with `Retry-After`: the engine is down or restarting; the same request may work
     in a moment (OpenAI clients retry 503 on their own)."""
-    response = error_response(503, f"{error}; retry shortly", kind="server_error",
-                              code="engine_unavailable")  # fmt: skip
+    response = error_response(
+        503, f"{error}; retry shortly", kind="server_error", code="engine_unavailable"
+    )
     response.headers["Retry-After"] = "5"
     return response
 
@@ -112,19 +113,22 @@ def _check_body(body: Any) -> str | None:
 class Gateway:
     """The ASGI app plus the thread that serves it."""
 
-    def __init__(self, engine: Engine, router: Router, host: str = "127.0.0.1",
-                 port: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self, engine: Engine, router: Router, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
         self.engine = engine
         self.router = router
         self.recorder = Recorder()
         self.host = host
         self.port = port
-        self.app = Starlette(routes=[
-            Route("/v1/chat/completions", self._chat, methods=["POST"]),
-            Route("/v1/models", self._models, methods=["GET"]),
-            Route("/health", self._health, methods=["GET"]),
-            Route("/rlcoach/rollouts/{rollout_id}", self._take_rollout, methods=["POST"]),
-        ])  # fmt: skip
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+                Route("/health", self._health, methods=["GET"]),
+                Route("/rlcoach/rollouts/{rollout_id}", self._take_rollout, methods=["POST"]),
+            ]
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: Any = None
@@ -167,14 +171,17 @@ class Gateway:
             self.recorder.add(rollout_id, body, {**response, TIMING_KEY: timing})
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return StreamingResponse(_as_sse(response, include_usage),
-                                     media_type="text/event-stream")  # fmt: skip
+            return StreamingResponse(
+                _as_sse(response, include_usage), media_type="text/event-stream"
+            )
         return JSONResponse(response)
 
     async def _models(self, request: Request) -> Response:
         now = int(time.time())
-        data = [{"id": name, "object": "model", "created": now, "owned_by": "rlcoach"}
-                for name in self.router.served_names()]  # fmt: skip
+        data = [
+            {"id": name, "object": "model", "created": now, "owned_by": "rlcoach"}
+            for name in self.router.served_names()
+        ]
         return JSONResponse({"object": "list", "data": data})
 
     async def _health(self, request: Request) -> Response:
@@ -206,8 +213,9 @@ class Gateway:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level="warning", lifespan="off",
-                                timeout_keep_alive=30)  # fmt: skip
+        config = uvicorn.Config(
+            self.app, log_level="warning", lifespan="off", timeout_keep_alive=30
+        )
         self._server = uvicorn.Server(config)
         ready = threading.Event()
         self._loop = asyncio.new_event_loop()
@@ -262,13 +270,30 @@ async def _as_sse(response: dict[str, Any], include_usage: bool) -> AsyncIterato
         calls = message.get("tool_calls") or []
         if calls:
             delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
-        first = {**head, "choices": [{"index": choice["index"], "delta": delta,
-                 "logprobs": choice.get("logprobs"), "finish_reason": None,
-                 "token_ids": choice.get("token_ids")}],
-                 "prompt_token_ids": response.get("prompt_token_ids")}  # fmt: skip
+        first = {
+            **head,
+            "choices": [
+                {
+                    "index": choice["index"],
+                    "delta": delta,
+                    "logprobs": choice.get("logprobs"),
+                    "finish_reason": None,
+                    "token_ids": choice.get("token_ids"),
+                }
+            ],
+            "prompt_token_ids": response.get("prompt_token_ids"),
+        }
         yield event(first)
-        last = {**head, "choices": [{"index": choice["index"], "delta": {},
-                "finish_reason": choice.get("finish_reason")}]}  # fmt: skip
+        last = {
+            **head,
+            "choices": [
+                {
+                    "index": choice["index"],
+                    "delta": {},
+                    "finish_reason": choice.get("finish_reason"),
+                }
+            ],
+        }
         yield event(last)
     if include_usage:
         yield event({**head, "choices": [], "usage": response.get("usage")})

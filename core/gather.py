@@ -73,8 +73,9 @@ async def gather_trajectory_groups(
             except Exception as e:
                 failed += 1
                 logger.warning("rollout failed: %r", e)
-                return RolloutFailure(type=type(e).__name__, message=str(e),
-                                      traceback=traceback.format_exc())  # fmt: skip
+                return RolloutFailure(
+                    type=type(e).__name__, message=str(e), traceback=traceback.format_exc()
+                )
             finally:
                 bar.update(1)
                 mean = sum(rewards) / len(rewards) if rewards else 0.0
@@ -123,8 +124,14 @@ def retry(
                 except exceptions as e:
                     if attempt == attempts:
                         raise
-                    logger.info("%s failed (%r); retry %d of %d in %.1f s",
-                                fn.__name__, e, attempt, attempts - 1, wait)  # fmt: skip
+                    logger.info(
+                        "%s failed (%r); retry %d of %d in %.1f s",
+                        fn.__name__,
+                        e,
+                        attempt,
+                        attempts - 1,
+                        wait,
+                    )
                     await asyncio.sleep(wait * (0.5 + random.random()))
                     wait *= backoff
             raise AssertionError("unreachable")

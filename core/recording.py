@@ -26,8 +26,12 @@ def content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join((part.get("text") or f"[{part.get('type', 'part')}]")
-                       if isinstance(part, dict) else str(part) for part in content)  # fmt: skip
+        return "".join(
+            (part.get("text") or f"[{part.get('type', 'part')}]")
+            if isinstance(part, dict)
+            else str(part)
+            for part in content
+        )
     return str(content)
 
 
@@ -48,10 +52,14 @@ def message_key(message: Message) -> str:
         function = call.get("function", call)
         calls.append([function.get("name"), parse_arguments(function.get("arguments"))])
     return json.dumps(
-        [message.get("role"), content_text(message.get("content")).strip(), calls,
-         message.get("tool_call_id")],
+        [
+            message.get("role"),
+            content_text(message.get("content")).strip(),
+            calls,
+            message.get("tool_call_id"),
+        ],
         sort_keys=True,
-    )  # fmt: skip
+    )
 
 
 def assemble_histories(

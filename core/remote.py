@@ -87,8 +87,10 @@ class RemoteBackend:
         files the user code writes beside a run (datasets, databases); checkpoints live on
         the server. `retry_for_s` bounds how long a training request keeps retrying."""
         if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"server URL {url!r} must start with http:// or https://; fix: "
-                              "RemoteBackend('http://host:8000', api_key=...)")  # fmt: skip
+            raise ConfigError(
+                f"server URL {url!r} must start with http:// or https://; fix: "
+                "RemoteBackend('http://host:8000', api_key=...)"
+            )
         self._url = url.rstrip("/")
         self._api_key = api_key if api_key is not None else os.environ.get("RLCOACH_API_KEY")
         self.root = Path(root).absolute()
@@ -110,9 +112,10 @@ class RemoteBackend:
         if self._client is None:
             headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
             self._client = httpx.AsyncClient(
-                base_url=self._url, headers=headers,
+                base_url=self._url,
+                headers=headers,
                 timeout=httpx.Timeout(self.timeout_s, read=self.read_timeout_s),
-            )  # fmt: skip
+            )
         return self._client
 
     async def __aenter__(self) -> RemoteBackend:
@@ -130,8 +133,7 @@ class RemoteBackend:
 
     async def register(self, model: TrainableModel) -> None:
         ref = _ref(model, model.config)
-        response = await self._call("POST", f"{API_PREFIX}/models",
-                                    content=ref.model_dump_json())  # fmt: skip
+        response = await self._call("POST", f"{API_PREFIX}/models", content=ref.model_dump_json())
         answer = RegisterResponse.model_validate_json(response.content)
         model.step = answer.step
 
@@ -142,26 +144,43 @@ class RemoteBackend:
         response = await self._call("POST", f"{API_PREFIX}/rollouts/{rollout_id}")
         return [(e["request"], e["response"]) for e in response.json()["exchanges"]]
 
-    async def train(self, model: TrainableModel, groups: list[TrajectoryGroup],
-                    config: TrainConfig | dict[str, Any] | None = None) -> StepResult:  # fmt: skip
+    async def train(
+        self,
+        model: TrainableModel,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig | dict[str, Any] | None = None,
+    ) -> StepResult:
         """Upload the groups and wait for the step; retried with one request id."""
         train_config = parse_config(TrainConfig, config) if config is not None else None
-        request = TrainRequest(request_id=uuid.uuid4().hex, model=_ref(model, model.config),
-                               groups=groups, config=train_config)  # fmt: skip
+        request = TrainRequest(
+            request_id=uuid.uuid4().hex,
+            model=_ref(model, model.config),
+            groups=groups,
+            config=train_config,
+        )
         return await self._submit(model, "train", request, progress=False)
 
-    async def train_sft(self, model: TrainableModel, data: Sequence[Trajectory | ChatRecord],
-                        config: SFTConfig | dict[str, Any] | None = None, *,
-                        progress: bool = False) -> StepResult:  # fmt: skip
+    async def train_sft(
+        self,
+        model: TrainableModel,
+        data: Sequence[Trajectory | ChatRecord],
+        config: SFTConfig | dict[str, Any] | None = None,
+        *,
+        progress: bool = False,
+    ) -> StepResult:
         """Supervised fine-tuning on the server as one step (see `LocalBackend.train_sft`);
         retried with one request id like `train`."""
-        request = SFTRequest(request_id=uuid.uuid4().hex, model=_ref(model, model.config),
-                             examples=list(data),
-                             config=parse_config(SFTConfig, config))  # fmt: skip
+        request = SFTRequest(
+            request_id=uuid.uuid4().hex,
+            model=_ref(model, model.config),
+            examples=list(data),
+            config=parse_config(SFTConfig, config),
+        )
         return await self._submit(model, "train_sft", request, progress=progress)
 
-    async def _submit(self, model: TrainableModel, route: str, request: TrainRequest | SFTRequest,
-                      progress: bool) -> StepResult:  # fmt: skip
+    async def _submit(
+        self, model: TrainableModel, route: str, request: TrainRequest | SFTRequest, progress: bool
+    ) -> StepResult:
         """Send a training request until the server answers its result or a final error."""
         body = request.model_dump_json().encode()
         deadline = asyncio.get_running_loop().time() + self.retry_for_s
@@ -178,16 +197,19 @@ class RemoteBackend:
                         f"training request {request.request_id} did not complete within "
                         f"{self.retry_for_s:.0f} s of retries (last error: {e!r}); the server "
                         "keeps the upload — fix: check the server, then train again",
-                        retryable=True) from e  # fmt: skip
-                logger.warning("training request %s: %r; retrying in %.1f s",
-                               request.request_id, e, pause)  # fmt: skip
+                        retryable=True,
+                    ) from e
+                logger.warning(
+                    "training request %s: %r; retrying in %.1f s", request.request_id, e, pause
+                )
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 10.0)
         model.step = max(model.step, wire.step)
         return _step_result(wire)
 
-    async def _train_once(self, route: str, request_id: str, body: bytes,
-                          progress: bool) -> StepResultWire:  # fmt: skip
+    async def _train_once(
+        self, route: str, request_id: str, body: bytes, progress: bool
+    ) -> StepResultWire:
         http = self._http()
         bar = None
         if progress:  # the server's heartbeats tick a bar that shows the time spent
@@ -200,8 +222,9 @@ class RemoteBackend:
             if bar is not None:
                 bar.close()
 
-    async def _read_events(self, http: httpx.AsyncClient, route: str, request_id: str,
-                           body: bytes, bar: Any) -> StepResultWire:  # fmt: skip
+    async def _read_events(
+        self, http: httpx.AsyncClient, route: str, request_id: str, body: bytes, bar: Any
+    ) -> StepResultWire:
         async with http.stream(
             "POST",
             f"{API_PREFIX}/{route}",
@@ -219,12 +242,15 @@ class RemoteBackend:
                     return event.result
                 if event.event == "error":
                     message = event.error.message if event.error else "unknown error"
-                    raise RemoteError(f"the server could not train request {request_id}: "
-                                      f"{message}", retryable=event.retryable)  # fmt: skip
+                    raise RemoteError(
+                        f"the server could not train request {request_id}: {message}",
+                        retryable=event.retryable,
+                    )
                 if bar is not None and event.event == "heartbeat":
                     bar.update()
-        raise RemoteError(f"the training stream of {request_id} ended without a result",
-                          retryable=True)  # fmt: skip
+        raise RemoteError(
+            f"the training stream of {request_id} ended without a result", retryable=True
+        )
 
     # -- more than the protocol ----------------------------------------------------------
 
@@ -274,8 +300,9 @@ class RemoteBackend:
 
 
 def _ref(model: TrainableModel, config: TrainConfig) -> ModelRef:
-    return ModelRef(name=model.name, project=model.project, base_model=model.base_model,
-                    config=config)  # fmt: skip
+    return ModelRef(
+        name=model.name, project=model.project, base_model=model.base_model, config=config
+    )
 
 
 def _model_path(model: TrainableModel) -> str:

@@ -100,11 +100,17 @@ def _step_rows(run: RunRecord) -> list[dict[str, Any]]:
         rewards = _stats([t.reward for t in trajectories])
         success = [t.metrics["success"] for t in trajectories if "success" in t.metrics]
         record = records.get(step, {})
-        rows.append({"step": step, "event": record.get("event", "-"), "rewards": rewards,
-                     "success": sum(success) / len(success) if success else None,
-                     "rollouts": len(trajectories),
-                     "failures": sum(len(g.failures) for g in run.steps.get(step, [])),
-                     "record": record})  # fmt: skip
+        rows.append(
+            {
+                "step": step,
+                "event": record.get("event", "-"),
+                "rewards": rewards,
+                "success": sum(success) / len(success) if success else None,
+                "rollouts": len(trajectories),
+                "failures": sum(len(g.failures) for g in run.steps.get(step, [])),
+                "record": record,
+            }
+        )
     return rows
 
 
@@ -131,9 +137,13 @@ def _charts(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
         mean = [r["rewards"]["mean"] for r in scored]
         std = [r["rewards"]["std"] for r in scored]
         figure, axes = plt.subplots(figsize=(6.4, 3.4))
-        axes.fill_between(steps, [m - s for m, s in zip(mean, std, strict=True)],
-                          [m + s for m, s in zip(mean, std, strict=True)], alpha=0.2,
-                          label="± std")  # fmt: skip
+        axes.fill_between(
+            steps,
+            [m - s for m, s in zip(mean, std, strict=True)],
+            [m + s for m, s in zip(mean, std, strict=True)],
+            alpha=0.2,
+            label="± std",
+        )
         axes.plot(steps, mean, marker="o", label="mean reward")
         axes.plot(steps, [r["rewards"]["max"] for r in scored], ls=":", label="max")
         axes.plot(steps, [r["rewards"]["min"] for r in scored], ls=":", label="min")
@@ -148,8 +158,12 @@ def _charts(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     succeeded = [r for r in rows if r["success"] is not None]
     if succeeded:
         figure, axes = plt.subplots(figsize=(6.4, 3.4))
-        axes.plot([r["step"] for r in succeeded], [r["success"] for r in succeeded],
-                  marker="o", color="tab:green")  # fmt: skip
+        axes.plot(
+            [r["step"] for r in succeeded],
+            [r["success"] for r in succeeded],
+            marker="o",
+            color="tab:green",
+        )
         axes.set_ylim(-0.05, 1.05)
         axes.set_xlabel("training step")
         axes.set_ylabel("success rate")
@@ -200,15 +214,18 @@ def _token_html(trajectory: Trajectory, tokenizer: Any, advantage: float) -> str
         for token, trained in zip(sequence.token_ids, sequence.sampled_mask, strict=True):
             text = html.escape(tokenizer.decode([token]))
             pieces.append(f'<span class="t">{text}</span>' if trained else text)
-        parts.append(f'<div class="seq-head">sequence {number + 1}: {len(sequence.token_ids)} '
-                     f"tokens, {sequence.sampled_tokens} trained</div>"
-                     f'<pre class="tokens">{"".join(pieces)}</pre>')  # fmt: skip
+        parts.append(
+            f'<div class="seq-head">sequence {number + 1}: {len(sequence.token_ids)} '
+            f"tokens, {sequence.sampled_tokens} trained</div>"
+            f'<pre class="tokens">{"".join(pieces)}</pre>'
+        )
     return "".join(parts)
 
 
 def _message_html(trajectory: Trajectory) -> str:
-    sampled = {json.dumps(c.message, sort_keys=True) for h in trajectory.histories()
-               for c in h.choices}  # fmt: skip
+    sampled = {
+        json.dumps(c.message, sort_keys=True) for h in trajectory.histories() for c in h.choices
+    }
     parts = []
     for message in trajectory.messages:
         text = content_text(message.get("content"))
@@ -233,24 +250,58 @@ def _num(value: Any, digits: int = 3) -> str:
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    head = ("step", "event", "reward mean", "± std", "success", "rollouts", "failed", "loss",
-            "KL", "grad norm", "tokens trained/total", "train s", "step s", "publish ms",
-            "sink errors")  # fmt: skip
+    head = (
+        "step",
+        "event",
+        "reward mean",
+        "± std",
+        "success",
+        "rollouts",
+        "failed",
+        "loss",
+        "KL",
+        "grad norm",
+        "tokens trained/total",
+        "train s",
+        "step s",
+        "publish ms",
+        "sink errors",
+    )
     body = []
     for row in rows:
         r, record = row["rewards"], row["record"]
         errors = sum(v for k, v in record.items() if k.startswith("sink_errors/"))
-        tokens = (f"{record['sampled_tokens']}/{record['total_tokens']}"
-                  if "sampled_tokens" in record else "-")  # fmt: skip
+        tokens = (
+            f"{record['sampled_tokens']}/{record['total_tokens']}"
+            if "sampled_tokens" in record
+            else "-"
+        )
         publish = record.get("publish_seconds")
-        cells = [(row["step"], 0), (row["event"], 0), (r.get("mean"), 3), (r.get("std"), 3),
-                 (row["success"], 3), (row["rollouts"], 0), (row["failures"], 0),
-                 (record.get("loss"), 4), (record.get("kl"), 4), (record.get("grad_norm"), 3),
-                 (tokens, 0), (record.get("seconds"), 1), (record.get("step_seconds"), 1),
-                 (publish * 1000 if publish else None, 0), (errors if record else None, 0)]
+        cells = [
+            (row["step"], 0),
+            (row["event"], 0),
+            (r.get("mean"), 3),
+            (r.get("std"), 3),
+            (row["success"], 3),
+            (row["rollouts"], 0),
+            (row["failures"], 0),
+            (record.get("loss"), 4),
+            (record.get("kl"), 4),
+            (record.get("grad_norm"), 3),
+            (tokens, 0),
+            (record.get("seconds"), 1),
+            (record.get("step_seconds"), 1),
+            (publish * 1000 if publish else None, 0),
+            (errors if record else None, 0),
+        ]
         body.append("<tr>" + "".join(f"<td>{_num(c, d)}</td>" for c, d in cells) + "</tr>")
-    return ("<table class='steps'><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
-            + "".join(body) + "</table>")  # fmt: skip
+    return (
+        "<table class='steps'><tr>"
+        + "".join(f"<th>{h}</th>" for h in head)
+        + "</tr>"
+        + "".join(body)
+        + "</table>"
+    )
 
 
 def _sample(groups: list[TrajectoryGroup], per_step: int) -> list[tuple[int, float, Trajectory]]:
@@ -267,8 +318,9 @@ def _sample(groups: list[TrajectoryGroup], per_step: int) -> list[tuple[int, flo
     return chosen
 
 
-def _trajectory_html(number: int, mean: float, trajectory: Trajectory, tokenizer: Any,
-                     opened: bool = False) -> str:  # fmt: skip
+def _trajectory_html(
+    number: int, mean: float, trajectory: Trajectory, tokenizer: Any, opened: bool = False
+) -> str:
     advantage = trajectory.reward - mean
     judge = [line for line in trajectory.logs if line.startswith("RULER")]
     other = [line for line in trajectory.logs if not line.startswith("RULER")]
@@ -276,26 +328,40 @@ def _trajectory_html(number: int, mean: float, trajectory: Trajectory, tokenizer
     calls = "".join(
         f"<li class='{'err' if c.error else ''}'><code>{html.escape(c.name)}"
         f"({html.escape(json.dumps(c.arguments)[:300])})</code> → "
-        f"{html.escape((c.result or '(no answer)')[:300])}</li>" for c in line.tool_calls)
-    meta = ", ".join(f"{html.escape(str(k))}={html.escape(str(v))}"
-                     for k, v in trajectory.metadata.items())  # fmt: skip
+        f"{html.escape((c.result or '(no answer)')[:300])}</li>"
+        for c in line.tool_calls
+    )
+    meta = ", ".join(
+        f"{html.escape(str(k))}={html.escape(str(v))}" for k, v in trajectory.metadata.items()
+    )
     metrics = ", ".join(f"{html.escape(k)}={v:.3g}" for k, v in trajectory.metrics.items())
-    summary = (f"group {number} · reward <b>{trajectory.reward:.3f}</b> · advantage "
-               f"{advantage:+.3f} · {html.escape(', '.join(trajectory.policy_versions))}"
-               + (f" · {meta}" if meta else ""))  # fmt: skip
+    summary = (
+        f"group {number} · reward <b>{trajectory.reward:.3f}</b> · advantage "
+        f"{advantage:+.3f} · {html.escape(', '.join(trajectory.policy_versions))}"
+        + (f" · {meta}" if meta else "")
+    )
     body = [f"<p class='kv'>metrics: {metrics or '-'}<br>id: <code>{trajectory.id}</code></p>"]
     if judge:
-        body.append("<div class='judge'><b>Judge</b>" + "".join(
-            f"<p>{html.escape(j)}</p>" for j in judge) + "</div>")  # fmt: skip
+        body.append(
+            "<div class='judge'><b>Judge</b>"
+            + "".join(f"<p>{html.escape(j)}</p>" for j in judge)
+            + "</div>"
+        )
     if other:
-        body.append("<div class='logs'><b>Logs</b>" + "".join(
-            f"<p>{html.escape(o)}</p>" for o in other) + "</div>")  # fmt: skip
+        body.append(
+            "<div class='logs'><b>Logs</b>"
+            + "".join(f"<p>{html.escape(o)}</p>" for o in other)
+            + "</div>"
+        )
     if calls:
         body.append(f"<div><b>Tool calls</b><ul>{calls}</ul></div>")
     if advantage == 0:
         body.append("<p class='note'>advantage 0: these tokens got no gradient</p>")
-    body.append(_token_html(trajectory, tokenizer, advantage) if tokenizer is not None
-                else _message_html(trajectory))  # fmt: skip
+    body.append(
+        _token_html(trajectory, tokenizer, advantage)
+        if tokenizer is not None
+        else _message_html(trajectory)
+    )
     state = " open" if opened else ""
     return f"<details class='traj'{state}><summary>{summary}</summary>{''.join(body)}</details>"
 
@@ -318,15 +384,17 @@ span.t{background:#ffe58a;border-bottom:2px solid #e0a800}
 """
 
 
-def _page(run: RunRecord, rows: list[dict[str, Any]], charts: list[tuple[str, str]],
-          steps_html: str) -> str:  # fmt: skip
+def _page(
+    run: RunRecord, rows: list[dict[str, Any]], charts: list[tuple[str, str]], steps_html: str
+) -> str:
     title = f"{run.info.get('project', run.dir.parent.name)}/{run.info.get('model', run.dir.name)}"
     trained = sum(1 for r in rows if r["event"] == "train")
     skipped = sum(1 for r in rows if r["event"] == "skipped")
     last = next((r["rewards"]["mean"] for r in reversed(rows) if r["rewards"]), None)
     first = next((r["rewards"]["mean"] for r in rows if r["rewards"]), None)
-    images = "".join(f"<img alt='{name}' src='data:image/png;base64,{data}'>"
-                     for name, data in charts)  # fmt: skip
+    images = "".join(
+        f"<img alt='{name}' src='data:image/png;base64,{data}'>" for name, data in charts
+    )
     # The script marks the page once every chart has decoded, for a headless check.
     return f"""<!doctype html><html><head><meta charset="utf-8">
 <title>rlcoach report · {html.escape(title)}</title><style>{_STYLE}</style></head>
@@ -345,9 +413,13 @@ document.body.dataset.charts=i.filter(x=>x.complete&&x.naturalWidth>0).length;}}
 </body></html>"""
 
 
-def write_report(folder: str | os.PathLike[str], *, samples_per_step: int = 4,
-                 tokenizer: str | os.PathLike[str] | None = None,
-                 output: str | os.PathLike[str] | None = None) -> Path:  # fmt: skip
+def write_report(
+    folder: str | os.PathLike[str],
+    *,
+    samples_per_step: int = 4,
+    tokenizer: str | os.PathLike[str] | None = None,
+    output: str | os.PathLike[str] | None = None,
+) -> Path:
     """Render `report.html` for the run in `folder` (atomically); return its path."""
     if samples_per_step < 0:
         raise ConfigError(f"samples_per_step={samples_per_step} must be 0 or more")
@@ -358,8 +430,12 @@ def write_report(folder: str | os.PathLike[str], *, samples_per_step: int = 4,
     for step, groups in sorted(run.steps.items()):
         chosen = _sample(groups, samples_per_step)
         if chosen:  # the very first trajectory opens, so the page shows one at once
-            sections.append(f"<h3>Step {step}</h3>" + "".join(
-                _trajectory_html(n, mean, t, loaded, opened=not sections and k == 0)
-                for k, (n, mean, t) in enumerate(chosen)))  # fmt: skip
+            sections.append(
+                f"<h3>Step {step}</h3>"
+                + "".join(
+                    _trajectory_html(n, mean, t, loaded, opened=not sections and k == 0)
+                    for k, (n, mean, t) in enumerate(chosen)
+                )
+            )
     page = _page(run, rows, _charts(rows), "".join(sections))
     return write_text_atomic(Path(output) if output else run.dir / "report.html", page)

@@ -45,8 +45,11 @@ class Router:
     def served_names(self) -> list[str]:
         names = [self.engine.base_name]
         for model, latest in sorted(self.latest.items()):
-            names += [f"{model}@{step}" for step in range(latest + 1)
-                      if step == 0 or f"{model}@{step}" in self.checkpoints]  # fmt: skip
+            names += [
+                f"{model}@{step}"
+                for step in range(latest + 1)
+                if step == 0 or f"{model}@{step}" in self.checkpoints
+            ]
         return names
 
     def register(self, model: str, step: int, checkpoints: dict[int, Path]) -> None:
@@ -75,10 +78,13 @@ class Router:
         known = ", ".join(self.served_names())
         raise UnknownModelError(
             f"model {requested!r} is not served here: "
-            + (f"{name!r} has no step {step_text!r}" if name in self.latest else
-               f"no model named {name!r} is registered")
+            + (
+                f"{name!r} has no step {step_text!r}"
+                if name in self.latest
+                else f"no model named {name!r} is registered"
+            )
             + f"; fix: use one of {known} (plain `name` means its latest step)"
-        )  # fmt: skip
+        )
 
     async def acquire(self, requested: str) -> tuple[str, str]:
         """Resolve and mark a request in flight (wait out a swap; load on demand)."""

@@ -184,8 +184,9 @@ class _KeyGuard:
 class PolicyServer:
     """The app behind `rlcoach serve` and the state it keeps."""
 
-    def __init__(self, config: ServeConfig, api_key: str | None,
-                 backend: LocalBackend | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, config: ServeConfig, api_key: str | None, backend: LocalBackend | None = None
+    ) -> None:
         self.config = config
         self.backend = backend or LocalBackend(config.root, engine=config.engine)
         self.root = self.backend.root.resolve()
@@ -216,11 +217,16 @@ class PolicyServer:
             Route(p + "/metrics", self._metrics, methods=["GET"]),
             Route(p + "/status", self._status, methods=["GET"]),
         ]
-        app = Starlette(routes=routes, lifespan=self._lifespan,
-                        exception_handlers={_Refusal: self._crash,
-                                            ClientDisconnect: self._crash,
-                                            HTTPException: self._http_error,
-                                            Exception: self._crash})  # fmt: skip
+        app = Starlette(
+            routes=routes,
+            lifespan=self._lifespan,
+            exception_handlers={
+                _Refusal: self._crash,
+                ClientDisconnect: self._crash,
+                HTTPException: self._http_error,
+                Exception: self._crash,
+            },
+        )
         self.app = _KeyGuard(app, api_key)
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -229,10 +235,12 @@ class PolicyServer:
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await self.backend.start(self.config.base_model)
         self._upstream = httpx.AsyncClient(
-            base_url=self.backend.url, timeout=httpx.Timeout(self.config.upstream_timeout_s),
-            limits=httpx.Limits(max_connections=self.config.max_concurrent_chats + 16,
-                                max_keepalive_connections=64),
-        )  # fmt: skip
+            base_url=self.backend.url,
+            timeout=httpx.Timeout(self.config.upstream_timeout_s),
+            limits=httpx.Limits(
+                max_connections=self.config.max_concurrent_chats + 16, max_keepalive_connections=64
+            ),
+        )
         try:
             yield
         finally:
@@ -245,17 +253,25 @@ class PolicyServer:
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > limit:
             self.counters["rejected_too_large"] += 1
-            raise _Refusal(413, f"the request body has {int(length)} bytes, over the server's "
-                           f"limit of {limit}; fix: send fewer groups per step, or start the "
-                           "server with a larger --max-request-mb", code="too_large")  # fmt: skip
+            raise _Refusal(
+                413,
+                f"the request body has {int(length)} bytes, over the server's "
+                f"limit of {limit}; fix: send fewer groups per step, or start the "
+                "server with a larger --max-request-mb",
+                code="too_large",
+            )
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
                 self.counters["rejected_too_large"] += 1
-                raise _Refusal(413, f"the request body is over the server's limit of {limit} "
-                               "bytes; fix: send less per request, or raise the server's "
-                               "limit (--max-request-mb)", code="too_large")  # fmt: skip
+                raise _Refusal(
+                    413,
+                    f"the request body is over the server's limit of {limit} "
+                    "bytes; fix: send less per request, or raise the server's "
+                    "limit (--max-request-mb)",
+                    code="too_large",
+                )
             chunks.append(chunk)
         return b"".join(chunks)
 
@@ -268,8 +284,11 @@ class PolicyServer:
                 f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}"
                 for err in e.errors()[:5]
             )
-            raise _Refusal(400, f"the body is not a valid {model.__name__} ({problems}); fix: "
-                           "send what RemoteBackend sends (rlcoach.wire)") from e  # fmt: skip
+            raise _Refusal(
+                400,
+                f"the body is not a valid {model.__name__} ({problems}); fix: "
+                "send what RemoteBackend sends (rlcoach.wire)",
+            ) from e
 
     def _run_paths(self, project: str, name: str) -> RunPaths:
         try:
@@ -284,8 +303,9 @@ class PolicyServer:
     def _inside_root(self, path: Path) -> Path:
         resolved = path.resolve()
         if not resolved.is_relative_to(self.root):
-            raise _Refusal(400, f"path {str(path)!r} is outside the server's root",
-                           code="invalid_path")  # fmt: skip
+            raise _Refusal(
+                400, f"path {str(path)!r} is outside the server's root", code="invalid_path"
+            )
         return resolved
 
     async def _model(self, ref: ModelRef) -> TrainableModel:
@@ -293,9 +313,13 @@ class PolicyServer:
             known = self.models.get(ref.name)
             if known is not None:
                 if known.project != ref.project:
-                    raise _Refusal(409, f"model {ref.name!r} is registered under project "
-                                   f"{known.project!r}, not {ref.project!r}; fix: use another "
-                                   "model name", code="name_taken")  # fmt: skip
+                    raise _Refusal(
+                        409,
+                        f"model {ref.name!r} is registered under project "
+                        f"{known.project!r}, not {ref.project!r}; fix: use another "
+                        "model name",
+                        code="name_taken",
+                    )
                 return known
             try:
                 model = TrainableModel(ref.name, ref.project, ref.base_model, ref.config)
@@ -312,35 +336,50 @@ class PolicyServer:
         if gateway is None:
             raise _Refusal(503, "the backend is starting", kind="server_error")
         if gateway.router.unavailable is not None:
-            raise _Refusal(503, gateway.router.unavailable, kind="server_error",
-                           code="engine_unavailable")  # fmt: skip
+            raise _Refusal(
+                503, gateway.router.unavailable, kind="server_error", code="engine_unavailable"
+            )
         if not await gateway.call(gateway.engine.healthy()):
-            raise _Refusal(503, "the inference engine is not answering", kind="server_error",
-                           code="engine_unavailable")  # fmt: skip
+            raise _Refusal(
+                503,
+                "the inference engine is not answering",
+                kind="server_error",
+                code="engine_unavailable",
+            )
         return JSONResponse({"status": "ok", "api_version": API_VERSION})
 
     async def _status(self, request: Request) -> Response:
         engine = self.backend.engine
         supervisor = self.backend.supervisor
-        return JSONResponse({
-            "api_version": API_VERSION,
-            "base_model": self.backend.base_model,
-            "engine": {"kind": self.config.engine.kind, "pid": getattr(engine, "pid", None),
-                       "url": getattr(engine, "url", None),
-                       "restarts": supervisor.restarts if supervisor else 0},
-            "models": {name: {"project": m.project, "step": m.step}
-                       for name, m in self.models.items()},
-            "uptime_s": time.time() - self.started,
-        })  # fmt: skip
+        return JSONResponse(
+            {
+                "api_version": API_VERSION,
+                "base_model": self.backend.base_model,
+                "engine": {
+                    "kind": self.config.engine.kind,
+                    "pid": getattr(engine, "pid", None),
+                    "url": getattr(engine, "url", None),
+                    "restarts": supervisor.restarts if supervisor else 0,
+                },
+                "models": {
+                    name: {"project": m.project, "step": m.step} for name, m in self.models.items()
+                },
+                "uptime_s": time.time() - self.started,
+            }
+        )
 
     async def _metrics(self, request: Request) -> Response:
-        return JSONResponse({
-            **self.counters,
-            "chats_active": self._active,
-            "chats_waiting": self._waiting,
-            "trains_running": len(self._trains),
-            "engine_restarts": self.backend.supervisor.restarts if self.backend.supervisor else 0,
-        })  # fmt: skip
+        return JSONResponse(
+            {
+                **self.counters,
+                "chats_active": self._active,
+                "chats_waiting": self._waiting,
+                "trains_running": len(self._trains),
+                "engine_restarts": self.backend.supervisor.restarts
+                if self.backend.supervisor
+                else 0,
+            }
+        )
 
     # -- handlers: the policy endpoint ---------------------------------------------------
 
@@ -349,10 +388,14 @@ class PolicyServer:
         c = self.config
         if self._waiting + self._active >= c.max_concurrent_chats + c.max_queued_chats:
             self.counters["rejected_busy"] += 1
-            raise _Refusal(429, f"the server holds {self._active} running and {self._waiting} "
-                           "queued chat requests, its limit; retry shortly (or start it with a "
-                           "larger --max-queued-chats)", code="busy",
-                           kind="rate_limit_error")  # fmt: skip
+            raise _Refusal(
+                429,
+                f"the server holds {self._active} running and {self._waiting} "
+                "queued chat requests, its limit; retry shortly (or start it with a "
+                "larger --max-queued-chats)",
+                code="busy",
+                kind="rate_limit_error",
+            )
         self._waiting += 1
         try:
             await asyncio.wait_for(self._slots.acquire(), c.queue_timeout_s)
@@ -374,8 +417,9 @@ class PolicyServer:
                 headers[ROLLOUT_HEADER] = rollout
             assert self._upstream is not None
             try:
-                upstream = await self._upstream.post("/v1/chat/completions", content=body,
-                                                     headers=headers)  # fmt: skip
+                upstream = await self._upstream.post(
+                    "/v1/chat/completions", content=body, headers=headers
+                )
             except httpx.HTTPError as e:
                 raise _Refusal(
                     503,
@@ -385,8 +429,12 @@ class PolicyServer:
                 ) from e
             self.counters[f"chat_{upstream.status_code}"] += 1
             out = {k: v for k, v in upstream.headers.items() if k.lower() == "retry-after"}
-            return Response(upstream.content, status_code=upstream.status_code, headers=out,
-                            media_type=upstream.headers.get("content-type"))  # fmt: skip
+            return Response(
+                upstream.content,
+                status_code=upstream.status_code,
+                headers=out,
+                media_type=upstream.headers.get("content-type"),
+            )
         finally:
             self._active -= 1
             self._slots.release()
@@ -394,8 +442,9 @@ class PolicyServer:
     async def _list_served(self, request: Request) -> Response:
         assert self._upstream is not None
         upstream = await self._upstream.get("/v1/models")
-        return Response(upstream.content, status_code=upstream.status_code,
-                        media_type="application/json")  # fmt: skip
+        return Response(
+            upstream.content, status_code=upstream.status_code, media_type="application/json"
+        )
 
     async def _take_rollout(self, request: Request) -> Response:
         exchanges = await self.backend.take_exchanges(request.path_params["rollout_id"])
@@ -406,31 +455,38 @@ class PolicyServer:
     async def _register(self, request: Request) -> Response:
         ref = self._parse(ModelRef, await self._read(request, self.config.max_chat_bytes))
         model = await self._model(ref)
-        answer = RegisterResponse(served_name=model.served_name, step=model.step,
-                                  base_model=model.base_model)  # fmt: skip
+        answer = RegisterResponse(
+            served_name=model.served_name, step=model.step, base_model=model.base_model
+        )
         return Response(answer.model_dump_json(), media_type="application/json")
 
     async def _train(self, request: Request) -> Response:
         train = self._parse(TrainRequest, await self._upload(request))
         if not train.groups:
-            raise _Refusal(400, "`groups` is empty; fix: send at least one trajectory group",
-                           param="groups")  # fmt: skip
+            raise _Refusal(
+                400, "`groups` is empty; fix: send at least one trajectory group", param="groups"
+            )
 
         def step(model: TrainableModel) -> Awaitable[StepResult]:
-            return self.backend.train(model, train.groups, train.config,
-                                      request_id=train.request_id)  # fmt: skip
+            return self.backend.train(
+                model, train.groups, train.config, request_id=train.request_id
+            )
 
         return await self._start(train.request_id, train.model, train.groups, step, "rl")
 
     async def _train_sft(self, request: Request) -> Response:
         sft = self._parse(SFTRequest, await self._upload(request))
         if not sft.examples:
-            raise _Refusal(400, "`examples` is empty; fix: send at least one trajectory or "
-                           "chat record", param="examples")  # fmt: skip
+            raise _Refusal(
+                400,
+                "`examples` is empty; fix: send at least one trajectory or chat record",
+                param="examples",
+            )
 
         def step(model: TrainableModel) -> Awaitable[StepResult]:
-            return self.backend.train_sft(model, sft.examples, sft.config,
-                                          request_id=sft.request_id)  # fmt: skip
+            return self.backend.train_sft(
+                model, sft.examples, sft.config, request_id=sft.request_id
+            )
 
         return await self._start(sft.request_id, sft.model, sft.examples, step, "sft")
 
@@ -438,18 +494,27 @@ class PolicyServer:
         """A training body, within the size limit and the count of pending requests."""
         if len(self._trains) + self._uploads >= self.config.max_pending_trains:
             self.counters["rejected_busy"] += 1
-            raise _Refusal(429, f"{self.config.max_pending_trains} training requests are "
-                           "already uploading or running; retry once one finishes",
-                           code="busy", kind="rate_limit_error")  # fmt: skip
+            raise _Refusal(
+                429,
+                f"{self.config.max_pending_trains} training requests are "
+                "already uploading or running; retry once one finishes",
+                code="busy",
+                kind="rate_limit_error",
+            )
         self._uploads += 1
         try:
             return await self._read(request, self.config.max_request_bytes)
         finally:
             self._uploads -= 1
 
-    async def _start(self, request_id: str, ref: ModelRef, items: Sequence[BaseModel],
-                     step: Callable[[TrainableModel], Awaitable[StepResult]],
-                     kind: str) -> Response:  # fmt: skip
+    async def _start(
+        self,
+        request_id: str,
+        ref: ModelRef,
+        items: Sequence[BaseModel],
+        step: Callable[[TrainableModel], Awaitable[StepResult]],
+        kind: str,
+    ) -> Response:
         """Run `step` once per request id; answer with its events (or its first result)."""
         self._run_paths(ref.project, ref.name)
         model = await self._model(ref)
@@ -473,22 +538,29 @@ class PolicyServer:
             self.counters["train_started"] += 1
         else:
             self.counters["train_attached"] += 1
-        return StreamingResponse(self._events(request_id, task),
-                                 media_type="application/x-ndjson")  # fmt: skip
+        return StreamingResponse(self._events(request_id, task), media_type="application/x-ndjson")
 
-    async def _run_step(self, model: TrainableModel, request_id: str,
-                        step: Callable[[TrainableModel], Awaitable[StepResult]], kind: str,
-                        paths: RunPaths) -> StepResultWire:  # fmt: skip
+    async def _run_step(
+        self,
+        model: TrainableModel,
+        request_id: str,
+        step: Callable[[TrainableModel], Awaitable[StepResult]],
+        kind: str,
+        paths: RunPaths,
+    ) -> StepResultWire:
         lock = self._model_locks.setdefault(model.name, asyncio.Lock())
         async with lock:
             wire = step_result_wire(await step(model), self.root, kind)
-            await asyncio.to_thread(write_text_atomic,
-                                    paths.dir / "requests" / f"{request_id}.result.json",
-                                    wire.model_dump_json())  # fmt: skip
+            await asyncio.to_thread(
+                write_text_atomic,
+                paths.dir / "requests" / f"{request_id}.result.json",
+                wire.model_dump_json(),
+            )
             return wire
 
-    async def _events(self, request_id: str, task: asyncio.Task[StepResultWire]
-                      ) -> AsyncIterator[bytes]:  # fmt: skip
+    async def _events(
+        self, request_id: str, task: asyncio.Task[StepResultWire]
+    ) -> AsyncIterator[bytes]:
         def line(event: TrainEvent) -> bytes:
             return (event.model_dump_json() + "\n").encode()
 
@@ -512,8 +584,11 @@ class PolicyServer:
             f"{type(error).__name__}: {error}",
             kind="invalid_request_error" if not retryable else "server_error",
         )
-        yield line(TrainEvent(event="error", request_id=request_id, error=body["error"],
-                              retryable=retryable))  # fmt: skip
+        yield line(
+            TrainEvent(
+                event="error", request_id=request_id, error=body["error"], retryable=retryable
+            )
+        )
 
     async def _checkpoints(self, request: Request) -> Response:
         p = request.path_params
@@ -524,27 +599,34 @@ class PolicyServer:
         latest = served.step if served is not None and served.project == p["project"] else latest
         for info in listed:
             info.served = info.step == latest
-        return Response(CheckpointList(checkpoints=listed, latest=latest).model_dump_json(),
-                        media_type="application/json")  # fmt: skip
+        return Response(
+            CheckpointList(checkpoints=listed, latest=latest).model_dump_json(),
+            media_type="application/json",
+        )
 
     async def _delete_checkpoint(self, request: Request) -> Response:
         p = request.path_params
         paths = self._run_paths(p["project"], p["name"])
         step_text = p["step"]
         if not step_text.isdigit() or int(step_text) < 1:
-            raise _Refusal(400, f"checkpoint step {step_text!r} is not a positive integer",
-                           param="step")  # fmt: skip
+            raise _Refusal(
+                400, f"checkpoint step {step_text!r} is not a positive integer", param="step"
+            )
         step = int(step_text)
         model = self.models.get(p["name"])
         latest = paths.latest_checkpoint()
         if (model is not None and model.step == step) or (latest and latest[0] == step):
-            raise _Refusal(409, f"step {step} is the latest checkpoint (the one served as "
-                           f"{p['name']!r}); fix: train a newer step first",
-                           code="checkpoint_in_use")  # fmt: skip
+            raise _Refusal(
+                409,
+                f"step {step} is the latest checkpoint (the one served as "
+                f"{p['name']!r}); fix: train a newer step first",
+                code="checkpoint_in_use",
+            )
         folder = self._inside_root(paths.checkpoint(step))
         if not folder.is_dir():
-            raise _Refusal(404, f"{p['project']}/{p['name']} has no checkpoint {step}",
-                           code="not_found")  # fmt: skip
+            raise _Refusal(
+                404, f"{p['project']}/{p['name']} has no checkpoint {step}", code="not_found"
+            )
         gateway = self.backend.gateway
         if gateway is not None:
             gateway.router.checkpoints.pop(f"{p['name']}@{step}", None)
@@ -568,8 +650,10 @@ class PolicyServer:
         message = f"{request.method} {request.url.path}: {error.detail}"
         if error.status_code == 404:
             message += f"; the rlcoach routes live under {API_PREFIX} and /v1"
-        return JSONResponse(error_body(message, code="not_found" if error.status_code == 404
-                                       else None), status_code=error.status_code)  # fmt: skip
+        return JSONResponse(
+            error_body(message, code="not_found" if error.status_code == 404 else None),
+            status_code=error.status_code,
+        )
 
     async def _crash(self, request: Request, error: Exception) -> Response:
         if isinstance(error, _Refusal):
@@ -578,8 +662,10 @@ class PolicyServer:
             self.counters["client_disconnects"] += 1
             return Response(status_code=400)  # nobody is listening
         logger.exception("unhandled error on %s %s", request.method, request.url.path)
-        return JSONResponse(error_body(f"internal error: {type(error).__name__}: {error}",
-                                       kind="server_error"), status_code=500)  # fmt: skip
+        return JSONResponse(
+            error_body(f"internal error: {type(error).__name__}: {error}", kind="server_error"),
+            status_code=500,
+        )
 
 
 def serve(config: ServeConfig, api_key: str | None) -> None:
@@ -588,12 +674,25 @@ def serve(config: ServeConfig, api_key: str | None) -> None:
 
     if api_key is None:
         if _is_loopback(config.host):
-            logger.warning("no API key set ($RLCOACH_API_KEY): anyone on this machine can use "
-                           "the server on %s:%d", config.host, config.port)  # fmt: skip
+            logger.warning(
+                "no API key set ($RLCOACH_API_KEY): anyone on this machine can use "
+                "the server on %s:%d",
+                config.host,
+                config.port,
+            )
         else:
-            logger.warning("SERVING ON %s WITHOUT AN API KEY: anyone who can reach port %d "
-                           "can train and query your models; fix: export RLCOACH_API_KEY=...",
-                           config.host, config.port)  # fmt: skip
+            logger.warning(
+                "SERVING ON %s WITHOUT AN API KEY: anyone who can reach port %d "
+                "can train and query your models; fix: export RLCOACH_API_KEY=...",
+                config.host,
+                config.port,
+            )
     server = PolicyServer(config, api_key)
-    uvicorn.run(server.app, host=config.host, port=config.port, log_level="warning",
-                access_log=False, timeout_keep_alive=30)  # fmt: skip
+    uvicorn.run(
+        server.app,
+        host=config.host,
+        port=config.port,
+        log_level="warning",
+        access_log=False,
+        timeout_keep_alive=30,
+    )

@@ -124,8 +124,12 @@ class JsonlSink:
 
     def start(self, run: RunInfo) -> None:
         self.paths = RunPaths(run.dir.parents[1], run.project, run.model)
-        info = {"project": run.project, "model": run.model, "base_model": run.base_model,
-                "config": run.config}  # fmt: skip
+        info = {
+            "project": run.project,
+            "model": run.model,
+            "base_model": run.base_model,
+            "config": run.config,
+        }
         write_text_atomic(run.dir / "run.json", json.dumps(info, indent=2, default=str))
 
     def _paths(self) -> RunPaths:
@@ -165,8 +169,9 @@ class _Worker:
         self._broken = False
         self._closed = False
         self._warned_full = False
-        self._thread = threading.Thread(target=self._loop, name=f"rlcoach-sink-{self.name}",
-                                        daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._loop, name=f"rlcoach-sink-{self.name}", daemon=True
+        )
         self._thread.start()
 
     def submit(self, method: str, *args: Any) -> None:
@@ -180,9 +185,12 @@ class _Worker:
             self._count_drop()
             if not self._warned_full:
                 self._warned_full = True
-                logger.warning("sink %r is falling behind: its queue is full, so events are "
-                               "dropped (and counted in sink_dropped/%s)",
-                               self.name, self.name)  # fmt: skip
+                logger.warning(
+                    "sink %r is falling behind: its queue is full, so events are "
+                    "dropped (and counted in sink_dropped/%s)",
+                    self.name,
+                    self.name,
+                )
 
     def _count_drop(self) -> None:
         with self._lock:
@@ -194,8 +202,14 @@ class _Worker:
             count = self.errors
         # The first errors get a traceback; later ones one line, so a dead service does not
         # flood the log of a long run.
-        logger.warning("sink %r failed to %s (%d errors so far): %r", self.name, what, count,
-                       error, exc_info=count <= 3)  # fmt: skip
+        logger.warning(
+            "sink %r failed to %s (%d errors so far): %r",
+            self.name,
+            what,
+            count,
+            error,
+            exc_info=count <= 3,
+        )
 
     def _loop(self) -> None:
         try:
@@ -244,21 +258,28 @@ class _Worker:
             return
         self._thread.join(max(deadline - time.monotonic(), 0.0))
         if self._thread.is_alive():
-            logger.warning("sink %r did not finish within %.0f s; %d events were not sent",
-                           self.name, timeout_s, self._queue.qsize())  # fmt: skip
+            logger.warning(
+                "sink %r did not finish within %.0f s; %d events were not sent",
+                self.name,
+                timeout_s,
+                self._queue.qsize(),
+            )
 
 
 class SinkSet:
     """The disk record plus the plug-ins of one run; what the backend talks to."""
 
-    def __init__(self, run: RunInfo, plugins: Sequence[Sink] = (),
-                 config: SinkConfig | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, run: RunInfo, plugins: Sequence[Sink] = (), config: SinkConfig | None = None
+    ) -> None:
         self.run = run
         self.config = config or SinkConfig()
         self.disk = JsonlSink()
         self.disk.start(run)
-        self._workers = [_Worker(sink, run, self.config.queue_size, self.config.close_timeout_s)
-                         for sink in plugins]  # fmt: skip
+        self._workers = [
+            _Worker(sink, run, self.config.queue_size, self.config.close_timeout_s)
+            for sink in plugins
+        ]
         self._closed = False
         if self._workers:  # drains at exit what the workers' own hooks (after start) did not
             atexit.register(self.close)
@@ -315,8 +336,10 @@ def _load(name: str, entry: Any) -> Any:
     try:
         return entry.load()
     except Exception as e:
-        raise ConfigError(f"sink plug-in {name!r} could not be loaded ({e!r}); fix: install "
-                          f"its extra, e.g. pip install 'rlcoach[{name}]'") from e  # fmt: skip
+        raise ConfigError(
+            f"sink plug-in {name!r} could not be loaded ({e!r}); fix: install "
+            f"its extra, e.g. pip install 'rlcoach[{name}]'"
+        ) from e
 
 
 def _wanted_by_environment(name: str, entry: Any) -> bool:
@@ -329,8 +352,9 @@ def _wanted_by_environment(name: str, entry: Any) -> bool:
         return False
 
 
-def resolve_sinks(value: SinkConfig | Mapping[str, Any] | Sequence[Any] | None,
-                  ) -> tuple[SinkConfig, list[Sink]]:  # fmt: skip
+def resolve_sinks(
+    value: SinkConfig | Mapping[str, Any] | Sequence[Any] | None,
+) -> tuple[SinkConfig, list[Sink]]:
     """Split `LocalBackend(sinks=...)` into a config and sink objects.
 
     Accepts a `SinkConfig`, its dict form, or a list of plug-in names and `Sink` objects.
@@ -411,7 +435,8 @@ def rollout_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
     return out
 
 
-def run_info(root: str | os.PathLike[str], project: str, model: str, base_model: str,
-             config: dict[str, Any]) -> RunInfo:  # fmt: skip
+def run_info(
+    root: str | os.PathLike[str], project: str, model: str, base_model: str, config: dict[str, Any]
+) -> RunInfo:
     """A `RunInfo` for the run folder `<root>/<project>/<model>/`."""
     return RunInfo(project, model, base_model, RunPaths(root, project, model).dir, config)

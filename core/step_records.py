@@ -18,9 +18,14 @@ def step_result_wire(result: StepResult, root: Path, kind: str = "rl") -> StepRe
     checkpoint = None
     if result.checkpoint is not None:
         checkpoint = str(Path(result.checkpoint).resolve().relative_to(root))
-    return StepResultWire(step=result.step, kind=kind, stats=result.stats.as_dict(),
-                          checkpoint=checkpoint, publish_seconds=result.publish_seconds,
-                          save_seconds=result.save_seconds)  # fmt: skip
+    return StepResultWire(
+        step=result.step,
+        kind=kind,
+        stats=result.stats.as_dict(),
+        checkpoint=checkpoint,
+        publish_seconds=result.publish_seconds,
+        save_seconds=result.save_seconds,
+    )
 
 
 def finished_step(paths: RunPaths, request_id: str, root: Path) -> StepResultWire | None:
@@ -37,10 +42,13 @@ def finished_step(paths: RunPaths, request_id: str, root: Path) -> StepResultWir
             continue
         record = json.loads(record_file.read_text(encoding="utf-8"))
         if record.get("request_id") == request_id:
-            return StepResultWire(step=int(folder.name), kind=record.get("kind", "rl"),
-                                  stats=record["stats"],
-                                  checkpoint=str(folder.resolve().relative_to(root)),
-                                  replayed=True)  # fmt: skip
+            return StepResultWire(
+                step=int(folder.name),
+                kind=record.get("kind", "rl"),
+                stats=record["stats"],
+                checkpoint=str(folder.resolve().relative_to(root)),
+                replayed=True,
+            )
     return None
 
 

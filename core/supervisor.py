@@ -37,8 +37,13 @@ class RestartableEngine(Protocol):
 class EngineSupervisor:
     """Watch one engine; restart it and reload the router's adapters after a crash."""
 
-    def __init__(self, engine: RestartableEngine, router: Router, interval_s: float = 1.0,
-                 max_pause_s: float = 60.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        engine: RestartableEngine,
+        router: Router,
+        interval_s: float = 1.0,
+        max_pause_s: float = 60.0,
+    ) -> None:
         self.engine = engine
         self.router = router
         self.interval_s = interval_s

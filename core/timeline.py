@@ -114,8 +114,12 @@ def _tool_calls(messages: list[Message], at: int) -> list[tuple[dict[str, Any], 
     return pairs
 
 
-def _history_events(number: int, history: History, start: float, end: float,
-                    ) -> list[PolicyCall | ToolCall]:  # fmt: skip
+def _history_events(
+    number: int,
+    history: History,
+    start: float,
+    end: float,
+) -> list[PolicyCall | ToolCall]:
     positions = _align(history)
     events: list[PolicyCall | ToolCall] = []
     clock = start
@@ -134,26 +138,38 @@ def _history_events(number: int, history: History, start: float, end: float,
         next_start = calls[k + 1][1].start if k + 1 < len(calls) else max(end, call.end)
         for raw, answer in _tool_calls(history.messages, position):
             function = raw.get("function", raw)
-            events.append(ToolCall(
-                history=number, call_id=raw.get("id"), name=str(function.get("name", "")),
-                arguments=parse_arguments(function.get("arguments")),
-                result=content_text(answer.get("content")) if answer is not None else None,
-                error=answer is not None and _is_error(answer),
-                start=call.end, end=max(next_start, call.end),
-            ))  # fmt: skip
+            events.append(
+                ToolCall(
+                    history=number,
+                    call_id=raw.get("id"),
+                    name=str(function.get("name", "")),
+                    arguments=parse_arguments(function.get("arguments")),
+                    result=content_text(answer.get("content")) if answer is not None else None,
+                    error=answer is not None and _is_error(answer),
+                    start=call.end,
+                    end=max(next_start, call.end),
+                )
+            )
     return events
 
 
 def timeline(trajectory: Trajectory, now: float | None = None) -> Timeline:
     """Line up a trajectory's policy and tool calls (see the module docstring)."""
-    starts = [c.started_at for h in trajectory.histories() for c in h.choices
-              if c.started_at is not None]  # fmt: skip
-    ends = [c.started_at + (c.latency_s or 0.0) for h in trajectory.histories()
-            for c in h.choices if c.started_at is not None]  # fmt: skip
+    starts = [
+        c.started_at for h in trajectory.histories() for c in h.choices if c.started_at is not None
+    ]
+    ends = [
+        c.started_at + (c.latency_s or 0.0)
+        for h in trajectory.histories()
+        for c in h.choices
+        if c.started_at is not None
+    ]
     fallback = time.time() if now is None else now
     start = trajectory.started_at or (min(starts) if starts else fallback)
     end = trajectory.finished_at or (max(ends) if ends else start)
-    histories = [_history_events(number, history, start, end)
-                 for number, history in enumerate(trajectory.histories())]  # fmt: skip
+    histories = [
+        _history_events(number, history, start, end)
+        for number, history in enumerate(trajectory.histories())
+    ]
     latest = max([end, *(e.end for h in histories for e in h)])
     return Timeline(start, latest, histories)

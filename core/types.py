@@ -216,7 +216,12 @@ class ChatRecord(BaseModel):
     def _has_roles(self) -> ChatRecord:
         for index, message in enumerate(self.messages):
             if not isinstance(message, dict) or message.get("role") not in {
-                "system", "user", "assistant", "tool", "developer"}:  # fmt: skip
+                "system",
+                "user",
+                "assistant",
+                "tool",
+                "developer",
+            }:
                 raise ValueError(
                     f"message {index} ({str(message)[:80]!r}) has no valid role; fix: give "
                     "every message a role of system, user, assistant or tool"

@@ -26,14 +26,21 @@ class ModelUsage(BaseModel):
     """Known only when a price per token was given."""
 
     def add(self, other: ModelUsage) -> None:
-        for name in ("calls", "cached_calls", "retries", "failed_calls", "prompt_tokens",
-                     "completion_tokens"):  # fmt: skip
+        for name in (
+            "calls",
+            "cached_calls",
+            "retries",
+            "failed_calls",
+            "prompt_tokens",
+            "completion_tokens",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         if other.cost_usd is not None:
             self.cost_usd = (self.cost_usd or 0.0) + other.cost_usd
 
-    def count_response(self, usage: dict | None,
-                       price_per_million_tokens: tuple[float, float] | None) -> None:  # fmt: skip
+    def count_response(
+        self, usage: dict | None, price_per_million_tokens: tuple[float, float] | None
+    ) -> None:
         """Add one response's `usage` block (and its cost, when the price is known)."""
         usage = usage or {}
         prompt_tokens = int(usage.get("prompt_tokens") or 0)

@@ -56,8 +56,13 @@ class ErrorBody(_Wire):
     """A stable machine-readable reason (`invalid_api_key`, `too_large`, `busy`, ...)."""
 
 
-def error_body(message: str, *, kind: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict[str, Any]:  # fmt: skip
+def error_body(
+    message: str,
+    *,
+    kind: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+) -> dict[str, Any]:
     """`{"error": {...}}` as OpenAI's API writes it."""
     return {"error": ErrorBody(message=message, type=kind, param=param, code=code).model_dump()}
 

@@ -41,9 +41,14 @@ TASK = "A calculator assistant: the user asks for the sum of two numbers and get
 async def attempt(model, client, served_name, system_prompt, record, max_tokens):
     async with model.rollout(input_id=record.id) as rollout:
         await client.chat.completions.create(
-            model=served_name, max_tokens=max_tokens, temperature=1.0,
-            messages=[{"role": "system", "content": system_prompt},
-                      {"role": "user", "content": record.text}])  # fmt: skip
+            model=served_name,
+            max_tokens=max_tokens,
+            temperature=1.0,
+            messages=[
+                {"role": "system", "content": system_prompt},
+                {"role": "user", "content": record.text},
+            ],
+        )
     return rollout.trajectory
 
 
@@ -51,16 +56,24 @@ async def evaluate(model, client, judge, ruler, rubric, system_prompt, records, 
     """Mean judge score of base vs trained attempts, judged together per eval input."""
     sides = {"base": f"{model.name}@0", "trained": model.served_name}
     groups = await gather_trajectory_groups(
-        [[attempt(model, client, served, system_prompt, record, args.max_tokens)
-          for served in sides.values() for _ in range(2)] for record in records],
-        description="held-out evaluation")  # fmt: skip
+        [
+            [
+                attempt(model, client, served, system_prompt, record, args.max_tokens)
+                for served in sides.values()
+                for _ in range(2)
+            ]
+            for record in records
+        ],
+        description="held-out evaluation",
+    )
     scores = {"base": [], "trained": []}
     wins = 0
     for group in groups:
         judged = await score_group(group, judge, rubric=rubric, config=ruler)
-        by_side = {side: [t.reward for t in judged.trajectories
-                          if t.policy_versions == [served]]
-                   for side, served in sides.items()}  # fmt: skip
+        by_side = {
+            side: [t.reward for t in judged.trajectories if t.policy_versions == [served]]
+            for side, served in sides.items()
+        }
         for side, values in by_side.items():
             scores[side] += values
         if by_side["base"] and by_side["trained"]:
@@ -74,57 +87,86 @@ async def main(args: argparse.Namespace) -> None:
     async with LocalBackend(args.root, engine={"kind": args.engine}) as backend:
         await model.register(backend)
         local = Model(BUNDLED_MODEL, base_url=model.api_base)
-        generator = local if not args.generator_url else Model(
-            args.generator_model, base_url=args.generator_url,
-            api_key_env=args.generator_key_env)  # fmt: skip
+        generator = (
+            local
+            if not args.generator_url
+            else Model(
+                args.generator_model,
+                base_url=args.generator_url,
+                api_key_env=args.generator_key_env,
+            )
+        )
         usage = ModelUsage()
         try:
-            records = await generate_inputs(args.task, args.inputs, generator, usage=usage,
-                                            embed=minilm_embedder())  # fmt: skip
+            records = await generate_inputs(
+                args.task, args.inputs, generator, usage=usage, embed=minilm_embedder()
+            )
         except GenerationError as e:
             print(f"warning: {e}")
             records = e.records
         records, rejected = await check_solvable(records, args.task, generator, usage=usage)
-        system_prompt = await generate_system_prompt(args.task, generator, examples=records,
-                                                     usage=usage)  # fmt: skip
+        system_prompt = await generate_system_prompt(
+            args.task, generator, examples=records, usage=usage
+        )
         train, held_out = split_records(records, eval_fraction=0.25, seed=0)
         if not held_out and len(train) > 1:  # tiny runs: keep at least one eval input
             train, held_out = train[:-1], train[-1:]
         if not train or not held_out:
             raise SystemExit(f"only {len(records)} usable inputs; raise --inputs")
-        folder = save_dataset(backend.paths(model).dir / "dataset", train, held_out,
-                              {"task": args.task, "system_prompt": system_prompt,
-                               "generator": generator.name,
-                               "usage": usage.model_dump()})  # fmt: skip
-        print(f"dataset: {len(train)} train, {len(held_out)} eval, {len(rejected)} rejected "
-              f"as unsolvable, generator {usage.calls} calls -> {folder}")
+        folder = save_dataset(
+            backend.paths(model).dir / "dataset",
+            train,
+            held_out,
+            {
+                "task": args.task,
+                "system_prompt": system_prompt,
+                "generator": generator.name,
+                "usage": usage.model_dump(),
+            },
+        )
+        print(
+            f"dataset: {len(train)} train, {len(held_out)} eval, {len(rejected)} rejected "
+            f"as unsolvable, generator {usage.calls} calls -> {folder}"
+        )
         print(f"system prompt: {system_prompt[:160]!r}")
-        rubric = f"The agent's task: {args.task}\nA trajectory that does this task well, " \
-                 "correctly and concisely, scores higher."  # fmt: skip
+        rubric = (
+            f"The agent's task: {args.task}\nA trajectory that does this task well, "
+            "correctly and concisely, scores higher."
+        )
         ruler = RulerConfig(mode="probs", cache_dir=None)
         judge = local
         client = model.openai_client()
         curriculum = DifficultyFilter(window=2)
-        for batch in iterate_dataset(train, batch_size=args.inputs_per_step, epochs=100,
-                                     seed=0):  # fmt: skip
+        for batch in iterate_dataset(train, batch_size=args.inputs_per_step, epochs=100, seed=0):
             if batch.step >= args.steps:
                 break
             chosen = curriculum.select(batch.items, key=lambda r: r.id) or batch.items
             groups = await gather_trajectory_groups(
-                ([attempt(model, client, model.served_name, system_prompt, r, args.max_tokens)
-                  for _ in range(args.group_size)] for r in chosen),
-                after_each=after_each(judge, rubric=rubric, config=ruler))  # fmt: skip
+                (
+                    [
+                        attempt(model, client, model.served_name, system_prompt, r, args.max_tokens)
+                        for _ in range(args.group_size)
+                    ]
+                    for r in chosen
+                ),
+                after_each=after_each(judge, rubric=rubric, config=ruler),
+            )
             report = curriculum.record(groups)
             result = await model.train(groups)
             rewards = [t.reward for g in groups for t in g.trajectories]
-            print(f"step {batch.step + 1}: judge reward {sum(rewards) / len(rewards):.3f}  "
-                  f"informative groups {report.informative}/{report.groups}  "
-                  f"{'trained' if result.stats.trained else 'skipped'}  "
-                  f"serving {model.served_name}")  # fmt: skip
-        base, trained, win_rate = await evaluate(model, client, judge, ruler, rubric,
-                                                 system_prompt, held_out, args)  # fmt: skip
-        print(f"held-out judge score: base {base:.3f}  trained {trained:.3f}  "
-              f"trained won {win_rate:.2f} of {len(held_out)} inputs")
+            print(
+                f"step {batch.step + 1}: judge reward {sum(rewards) / len(rewards):.3f}  "
+                f"informative groups {report.informative}/{report.groups}  "
+                f"{'trained' if result.stats.trained else 'skipped'}  "
+                f"serving {model.served_name}"
+            )
+        base, trained, win_rate = await evaluate(
+            model, client, judge, ruler, rubric, system_prompt, held_out, args
+        )
+        print(
+            f"held-out judge score: base {base:.3f}  trained {trained:.3f}  "
+            f"trained won {win_rate:.2f} of {len(held_out)} inputs"
+        )
 
 
 if __name__ == "__main__":

@@ -36,8 +36,10 @@ async def main(steps: int, engine: str, root: str) -> None:
             )
             result = await model.train(groups)
             rewards = [r for g in groups for r in g.rewards]
-            print(f"step {result.step}: mean reward {sum(rewards) / len(rewards):.3f}, "
-                  f"loss {result.stats.loss:+.4f}, now serving {model.served_name}")
+            print(
+                f"step {result.step}: mean reward {sum(rewards) / len(rewards):.3f}, "
+                f"loss {result.stats.loss:+.4f}, now serving {model.served_name}"
+            )
 
 
 if __name__ == "__main__":

@@ -44,8 +44,7 @@ async def main(args: argparse.Namespace) -> None:
         await model.register(backend)
         client = model.openai_client()
         if args.judge_url:
-            judge = Model(args.judge_model, base_url=args.judge_url,
-                          api_key_env=args.judge_key_env)  # fmt: skip
+            judge = Model(args.judge_model, base_url=args.judge_url, api_key_env=args.judge_key_env)
         else:  # the base weights (no adapter), so the judge does not drift with the policy
             judge = Model(BUNDLED_MODEL, base_url=model.api_base)
         hook = after_each(judge, rubric=RUBRIC, config={"mode": args.mode, "cache_dir": None})
@@ -53,25 +52,32 @@ async def main(args: argparse.Namespace) -> None:
             hook = random_rewards(args.seed)
         before = await evaluate(model, client, held_out, samples=2)
         print(f"held-out success before training: {before:.3f}")
-        for batch in iterate_dataset(training, batch_size=args.questions, seed=0,
-                                     initial_step=model.step):  # fmt: skip
+        for batch in iterate_dataset(
+            training, batch_size=args.questions, seed=0, initial_step=model.step
+        ):
             if batch.step >= args.steps:
                 break
             groups = await gather_trajectory_groups(
-                ([run_question(model, client, q) for _ in range(args.group_size)]
-                 for q in batch.items), after_each=hook)  # fmt: skip
+                (
+                    [run_question(model, client, q) for _ in range(args.group_size)]
+                    for q in batch.items
+                ),
+                after_each=hook,
+            )
             trajectories = [t for g in groups for t in g.trajectories]
             judged = sum(t.reward for t in trajectories) / len(trajectories)
             success = sum(t.metrics["success"] for t in trajectories) / len(trajectories)
             usage = judge_usage(groups)
             result = await model.train(groups)
-            print(f"step {batch.step + 1}: judge reward {judged:.3f}  success {success:.3f}  "
-                  f"judge calls {usage.get('ruler_calls', 0):.0f} tokens "
-                  f"{usage.get('ruler_prompt_tokens', 0):.0f}+"
-                  f"{usage.get('ruler_completion_tokens', 0):.0f}  failed groups "
-                  f"{usage['ruler_failed_groups']:.0f}  "
-                  f"{'trained' if result.stats.trained else 'skipped'}  "
-                  f"serving {model.served_name}")  # fmt: skip
+            print(
+                f"step {batch.step + 1}: judge reward {judged:.3f}  success {success:.3f}  "
+                f"judge calls {usage.get('ruler_calls', 0):.0f} tokens "
+                f"{usage.get('ruler_prompt_tokens', 0):.0f}+"
+                f"{usage.get('ruler_completion_tokens', 0):.0f}  failed groups "
+                f"{usage['ruler_failed_groups']:.0f}  "
+                f"{'trained' if result.stats.trained else 'skipped'}  "
+                f"serving {model.served_name}"
+            )
         after = await evaluate(model, client, held_out, samples=2)
         print(f"held-out success after training: {after:.3f}")
         print(f"result: success_before={before:.3f} success_after={after:.3f}")
@@ -89,7 +95,10 @@ if __name__ == "__main__":
     parser.add_argument("--judge-url", default=None)
     parser.add_argument("--judge-model", default=BUNDLED_MODEL)
     parser.add_argument("--judge-key-env", default=None)
-    parser.add_argument("--random-rewards", action="store_true",
-                        help="control run: uniform random rewards instead of the judge's")
+    parser.add_argument(
+        "--random-rewards",
+        action="store_true",
+        help="control run: uniform random rewards instead of the judge's",
+    )
     parser.add_argument("--seed", type=int, default=0)
     asyncio.run(main(parser.parse_args()))

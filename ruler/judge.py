@@ -46,13 +46,17 @@ SYSTEM = (
 
 # Anchors for the single-digit answer: small judges copy the format of the turns before.
 DIGIT_EXAMPLES: list[Message] = [
-    {"role": "user", "content": "Example: a trajectory that fully achieves the task. "
-                                "Score (one digit, 0-9):"},
+    {
+        "role": "user",
+        "content": "Example: a trajectory that fully achieves the task. Score (one digit, 0-9):",
+    },
     {"role": "assistant", "content": "9"},
-    {"role": "user", "content": "Example: a trajectory that ignores the task. "
-                                "Score (one digit, 0-9):"},
+    {
+        "role": "user",
+        "content": "Example: a trajectory that ignores the task. Score (one digit, 0-9):",
+    },
     {"role": "assistant", "content": "0"},
-]  # fmt: skip
+]
 
 
 class JudgeError(RLCoachError, RuntimeError):
@@ -65,8 +69,10 @@ class AnswerError(ValueError):
 
 def build_prompt(rendered: RenderedGroup, order: list[int], rubric: str) -> list[Message]:
     """System + user messages showing the bodies in `order` under ids 1..len(order)."""
-    blocks = [f'<trajectory id="{label}">\n{rendered.bodies[body]}\n</trajectory>'
-              for label, body in enumerate(order, start=1)]  # fmt: skip
+    blocks = [
+        f'<trajectory id="{label}">\n{rendered.bodies[body]}\n</trajectory>'
+        for label, body in enumerate(order, start=1)
+    ]
     user = (
         f"Rubric:\n{rubric}\n\n"
         f"All {len(order)} trajectories start from this shared context:\n"
@@ -93,8 +99,12 @@ def answer_schema(count: int, explanation_max_chars: int) -> dict[str, Any]:
         entry["properties"] = {"score": {"type": "number", "minimum": 0, "maximum": 1}}
         entry["required"] = ["score"]
     labels = _labels(count)
-    return {"type": "object", "properties": dict.fromkeys(labels, entry),
-            "required": labels, "additionalProperties": False}  # fmt: skip
+    return {
+        "type": "object",
+        "properties": dict.fromkeys(labels, entry),
+        "required": labels,
+        "additionalProperties": False,
+    }
 
 
 def json_instruction(count: int, explanation_max_chars: int) -> str:
@@ -193,9 +203,10 @@ class JudgeSession:
         async with self._semaphore:
             async with asyncio.timeout(self.config.timeout_s):
                 response = await self._client.chat.completions.create(
-                    **standard, extra_body=request.get("extra_body") or None,
+                    **standard,
+                    extra_body=request.get("extra_body") or None,
                     timeout=self.config.timeout_s,
-                )  # fmt: skip
+                )
         data = response.model_dump(exclude_none=True)
         self.usage.count_response(data.get("usage"), self.config.price_per_million_tokens)
         if self.cache is not None:
@@ -203,15 +214,20 @@ class JudgeSession:
         return data
 
     def _request(self, messages: list[Message], **fields: Any) -> dict[str, Any]:
-        request: dict[str, Any] = {"model": self.judge.served_name, "messages": messages,
-                                   "temperature": self.config.temperature,
-                                   "seed": self.config.seed, **fields}  # fmt: skip
+        request: dict[str, Any] = {
+            "model": self.judge.served_name,
+            "messages": messages,
+            "temperature": self.config.temperature,
+            "seed": self.config.seed,
+            **fields,
+        }
         if self.config.extra_body:
             request["extra_body"] = dict(self.config.extra_body)
         return request
 
-    async def _ask(self, messages: list[Message], fields: dict[str, Any], parse: Any,
-                   retry_hint: str) -> Any:  # fmt: skip
+    async def _ask(
+        self, messages: list[Message], fields: dict[str, Any], parse: Any, retry_hint: str
+    ) -> Any:
         """Ask until `parse(choice_json)` succeeds; feed each unusable answer back."""
         import openai
 
@@ -243,18 +259,24 @@ class JudgeSession:
                 said = (choices[0].get("message") or {}).get("content") or ""
                 # The attempt number keeps each retry a distinct request, so the cache
                 # never replays the unusable answer to the retry itself.
-                feedback = (f"That answer cannot be used: {problem}. {retry_hint} "
-                            f"(attempt {attempt + 2} of {self.config.max_retries + 1})")
-                conversation = [*messages, {"role": "assistant", "content": said},
-                                {"role": "user", "content": feedback}]  # fmt: skip
+                feedback = (
+                    f"That answer cannot be used: {problem}. {retry_hint} "
+                    f"(attempt {attempt + 2} of {self.config.max_retries + 1})"
+                )
+                conversation = [
+                    *messages,
+                    {"role": "assistant", "content": said},
+                    {"role": "user", "content": feedback},
+                ]
         self.usage.failed_calls += 1
         raise JudgeError(
             f"the judge {self.judge.served_name!r} gave no usable answer in "
             f"{self.config.max_retries + 1} attempts; the last problem: {problem}"
         )
 
-    async def json_scores(self, rendered: RenderedGroup, order: list[int],
-                          rubric: str) -> tuple[list[float], list[str]]:  # fmt: skip
+    async def json_scores(
+        self, rendered: RenderedGroup, order: list[int], rubric: str
+    ) -> tuple[list[float], list[str]]:
         """Scores and explanations, in `order`, from one JSON answer."""
         count, chars = len(order), self.config.explanation_max_chars
         instruction = json_instruction(count, chars)
@@ -264,8 +286,14 @@ class JudgeSession:
             "max_tokens": self.config.max_tokens or 64 + count * (40 + chars // 3)
         }
         if self.config.structured_output:
-            fields["response_format"] = {"type": "json_schema", "json_schema": {
-                "name": "ruler_scores", "strict": True, "schema": answer_schema(count, chars)}}
+            fields["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "ruler_scores",
+                    "strict": True,
+                    "schema": answer_schema(count, chars),
+                },
+            }
 
         def parse(choice: dict[str, Any]) -> dict[str, tuple[float, str]]:
             content = (choice.get("message") or {}).get("content") or ""
@@ -277,8 +305,9 @@ class JudgeSession:
         labels = _labels(count)
         return [parsed[label][0] for label in labels], [parsed[label][1] for label in labels]
 
-    async def digit_scores(self, rendered: RenderedGroup, order: list[int],
-                           rubric: str) -> tuple[list[float], list[str]]:  # fmt: skip
+    async def digit_scores(
+        self, rendered: RenderedGroup, order: list[int], rubric: str
+    ) -> tuple[list[float], list[str]]:
         """One single-digit call per trajectory; scores and a note, in `order`."""
         base = build_prompt(rendered, order, rubric)
         base[-1]["content"] += (
@@ -292,13 +321,19 @@ class JudgeSession:
 
         async def one(label: int) -> tuple[float, float]:
             question = {"role": "user", "content": f"Trajectory {label}. Score (one digit, 0-9):"}
-            messages = [*base, {"role": "assistant", "content": "Understood."}, *DIGIT_EXAMPLES,
-                        question]  # fmt: skip
+            messages = [
+                *base,
+                {"role": "assistant", "content": "Understood."},
+                *DIGIT_EXAMPLES,
+                question,
+            ]
             return await self._ask(messages, fields, parse, "Answer with one digit from 0 to 9.")
 
         answers = await asyncio.gather(*(one(label) for label in range(1, len(order) + 1)))
-        notes = [f"expected digit {score * 9:.2f} of 9 (probability on digits {mass:.2f})"
-                 for score, mass in answers]  # fmt: skip
+        notes = [
+            f"expected digit {score * 9:.2f} of 9 (probability on digits {mass:.2f})"
+            for score, mass in answers
+        ]
         return [score for score, _ in answers], notes
 
 

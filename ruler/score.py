@@ -70,8 +70,9 @@ async def score_candidates(
     ask = session.json_scores if config.mode == "json" else session.digit_scores
     try:
         orders = _orderings(unique, config.n_orderings, rendered.digest, config.seed)
-        outcomes = await asyncio.gather(*(ask(rendered, order, rubric) for order in orders),
-                                        return_exceptions=True)  # fmt: skip
+        outcomes = await asyncio.gather(
+            *(ask(rendered, order, rubric) for order in orders), return_exceptions=True
+        )
     finally:
         await session.close()
         if usage is not None:
@@ -92,13 +93,23 @@ async def score_candidates(
     if errors and len(errors) == len(orders):
         raise errors[0]
     if errors:
-        logger.warning("%d of %d judge orderings failed; scoring with the rest: %s",
-                       len(errors), len(orders), errors[0])  # fmt: skip
+        logger.warning(
+            "%d of %d judge orderings failed; scoring with the rest: %s",
+            len(errors),
+            len(orders),
+            errors[0],
+        )
     results = []
     for index, body in enumerate(rendered.index):
         values = per_body[body]
-        results.append(JudgeScore(index=index, score=sum(values) / len(values),
-                                  explanation=notes[body], ordering_scores=values))  # fmt: skip
+        results.append(
+            JudgeScore(
+                index=index,
+                score=sum(values) / len(values),
+                explanation=notes[body],
+                ordering_scores=values,
+            )
+        )
     return results
 
 
@@ -146,8 +157,9 @@ async def score_group(
     usage = JudgeUsage()
     candidates = [Candidate.from_trajectory(t) for t in scored.trajectories]
     try:
-        results = await score_candidates(candidates, judge, rubric=rubric, config=config,
-                                         usage=usage)  # fmt: skip
+        results = await score_candidates(
+            candidates, judge, rubric=rubric, config=config, usage=usage
+        )
     except JudgeError as e:
         scored.metadata.update(usage.as_metrics("ruler_"))
         scored.metadata["ruler_failed"] = True
@@ -157,8 +169,9 @@ async def score_group(
         action = "keeping its rewards" if config.on_failure == "keep" else "dropping it"
         logger.warning("RULER could not score a group (%s); %s", e, action)
         if config.on_failure == "drop":
-            scored.failures += [RolloutFailure(type="JudgeError", message=str(e))
-                                for _ in scored.trajectories]  # fmt: skip
+            scored.failures += [
+                RolloutFailure(type="JudgeError", message=str(e)) for _ in scored.trajectories
+            ]
             scored.trajectories = []
         else:
             for trajectory in scored.trajectories:
@@ -196,8 +209,11 @@ def judge_usage(groups: Iterable[TrajectoryGroup]) -> dict[str, float]:
     failed = 0
     for group in groups:
         for key, value in group.metadata.items():
-            if key.startswith("ruler_") and isinstance(value, int | float) and \
-                    not isinstance(value, bool):  # fmt: skip
+            if (
+                key.startswith("ruler_")
+                and isinstance(value, int | float)
+                and not isinstance(value, bool)
+            ):
                 total[key] = total.get(key, 0.0) + float(value)
         failed += bool(group.metadata.get("ruler_failed"))
     total["ruler_failed_groups"] = float(failed)

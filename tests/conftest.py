@@ -75,21 +75,29 @@ class ScriptedServer:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.model = Model("scripted", base_url=f"http://127.0.0.1:{self.server.server_port}/v1",
-                           max_retries=0)  # fmt: skip
+        self.model = Model(
+            "scripted", base_url=f"http://127.0.0.1:{self.server.server_port}/v1", max_retries=0
+        )
 
     def reply(self, body: dict) -> dict:
         answer = self.answer(body)
-        choice = {"index": 0, "finish_reason": "stop",
-                  "message": {"role": "assistant", "content": answer if isinstance(answer, str)
-                              else ""}}  # fmt: skip
+        choice = {
+            "index": 0,
+            "finish_reason": "stop",
+            "message": {"role": "assistant", "content": answer if isinstance(answer, str) else ""},
+        }
         if isinstance(answer, dict):  # probs mode: {"token": logprob, ...} for the first token
             top = [{"token": t, "logprob": lp, "bytes": None} for t, lp in answer.items()]
             choice["logprobs"] = {"content": [{**top[0], "top_logprobs": top}]}
             choice["message"]["content"] = top[0]["token"]
-        return {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                "choices": [choice],
-                "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}}
+        return {
+            "id": "x",
+            "object": "chat.completion",
+            "created": 0,
+            "model": body["model"],
+            "choices": [choice],
+            "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110},
+        }
 
 
 @pytest.fixture

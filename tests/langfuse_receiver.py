@@ -124,13 +124,18 @@ class LangfuseReceiver:
         for resource in request.resource_spans:
             for scope in resource.scope_spans:
                 for span in scope.spans:
-                    decoded.append(Span(
-                        trace_id=span.trace_id.hex(), span_id=span.span_id.hex(),
-                        parent_id=span.parent_span_id.hex() or None, name=span.name,
-                        scope=scope.scope.name, start_ns=span.start_time_unix_nano,
-                        end_ns=span.end_time_unix_nano,
-                        attributes={kv.key: _value(kv.value) for kv in span.attributes},
-                    ))  # fmt: skip
+                    decoded.append(
+                        Span(
+                            trace_id=span.trace_id.hex(),
+                            span_id=span.span_id.hex(),
+                            parent_id=span.parent_span_id.hex() or None,
+                            name=span.name,
+                            scope=scope.scope.name,
+                            start_ns=span.start_time_unix_nano,
+                            end_ns=span.end_time_unix_nano,
+                            attributes={kv.key: _value(kv.value) for kv in span.attributes},
+                        )
+                    )
         with self._lock:
             self.spans.extend(decoded)
 
@@ -172,6 +177,5 @@ if __name__ == "__main__":
         time.sleep(1)
         now = (len(receiver.spans), len(receiver.scores))
         if now != seen:
-            print(f"{now[0]} spans in {len(receiver.traces())} traces, {now[1]} scores",
-                  flush=True)
+            print(f"{now[0]} spans in {len(receiver.traces())} traces, {now[1]} scores", flush=True)
             seen = now

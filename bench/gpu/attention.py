@@ -20,9 +20,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 def _segments(q, k, v, bounds, gqa):
-    pieces = [F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e],
-                                             is_causal=True, enable_gqa=gqa)
-              for s, e in itertools.pairwise(bounds)]  # fmt: skip
+    pieces = [
+        F.scaled_dot_product_attention(
+            q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], is_causal=True, enable_gqa=gqa
+        )
+        for s, e in itertools.pairwise(bounds)
+    ]
     return torch.cat(pieces, dim=2).transpose(1, 2).contiguous()
 
 
@@ -66,12 +69,20 @@ def main() -> None:
     def views(q, k, v):
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
-    run("default backend, views, enable_gqa",
-        lambda q, k, v: _segments(*views(q, k, v), bounds, True))  # fmt: skip
-    for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
-                    SDPBackend.EFFICIENT_ATTENTION):  # fmt: skip
-        run(f"{backend.name}, views, enable_gqa",
-            lambda q, k, v: _segments(*views(q, k, v), bounds, True), backend)  # fmt: skip
+    run(
+        "default backend, views, enable_gqa",
+        lambda q, k, v: _segments(*views(q, k, v), bounds, True),
+    )
+    for backend in (
+        SDPBackend.CUDNN_ATTENTION,
+        SDPBackend.FLASH_ATTENTION,
+        SDPBackend.EFFICIENT_ATTENTION,
+    ):
+        run(
+            f"{backend.name}, views, enable_gqa",
+            lambda q, k, v: _segments(*views(q, k, v), bounds, True),
+            backend,
+        )
 
         def expanded(q, k, v):
             q, k, v = views(q, k, v)

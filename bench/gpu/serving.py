@@ -59,23 +59,30 @@ def _groups(prompt_tokens: int, sampled: int, vocab: int, seed: int) -> list[Tra
     trajectories = []
     for reward in (0.0, 1.0):
         choice = SampledChoice(
-            message={"role": "assistant", "content": ""}, policy="bench@0",
+            message={"role": "assistant", "content": ""},
+            policy="bench@0",
             prompt_token_ids=[rng.randrange(100, vocab) for _ in range(prompt_tokens)],
             token_ids=[rng.randrange(100, vocab) for _ in range(sampled)],
             logprobs=[-10.0] * sampled,
-        )  # fmt: skip
+        )
         trajectories.append(Trajectory(choices=[choice], reward=reward))
     return [TrajectoryGroup(trajectories=trajectories)]
 
 
-async def _load(http: httpx.AsyncClient, url: str, model: str, args: argparse.Namespace,
-                direct: bool) -> tuple[float, int]:  # fmt: skip
+async def _load(
+    http: httpx.AsyncClient, url: str, model: str, args: argparse.Namespace, direct: bool
+) -> tuple[float, int]:
     rng = random.Random(0)
     bodies = []
     for _ in range(args.requests):
         text = " ".join(rng.choice(WORDS) for _ in range(args.prompt_words))
-        body = {"model": model, "messages": [{"role": "user", "content": text}],
-                "max_tokens": args.max_tokens, "temperature": 1.0, "ignore_eos": True}  # fmt: skip
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": text}],
+            "max_tokens": args.max_tokens,
+            "temperature": 1.0,
+            "ignore_eos": True,
+        }
         if direct:  # what the gateway adds, so both paths do the same work
             body.update(logprobs=True, return_token_ids=True)
         bodies.append(body)
@@ -90,8 +97,12 @@ async def _load(http: httpx.AsyncClient, url: str, model: str, args: argparse.Na
     return time.perf_counter() - started, sum(tokens)
 
 
-async def _publish_once(backend: LocalBackend, model: TrainableModel, http: httpx.AsyncClient,
-                        groups: list[TrajectoryGroup]) -> dict[str, float]:  # fmt: skip
+async def _publish_once(
+    backend: LocalBackend,
+    model: TrainableModel,
+    http: httpx.AsyncClient,
+    groups: list[TrajectoryGroup],
+) -> dict[str, float]:
     trainer = backend._trainer(model)
     marks: dict[str, float] = {}
     original = trainer.step
@@ -109,8 +120,12 @@ async def _publish_once(backend: LocalBackend, model: TrainableModel, http: http
         while router.latest.get(model.name) != target:  # noqa: ASYNC110 (other thread's loop)
             await asyncio.sleep(0.0005)
         marks["switched"] = time.perf_counter()
-        body = {"model": model.name, "max_tokens": 1, "temperature": 1.0,
-                "messages": [{"role": "user", "content": "hello"}]}  # fmt: skip
+        body = {
+            "model": model.name,
+            "max_tokens": 1,
+            "temperature": 1.0,
+            "messages": [{"role": "user", "content": "hello"}],
+        }
         response = await http.post(backend.url + "/v1/chat/completions", json=body)
         response.raise_for_status()
         assert response.json()["model"] == f"{model.name}@{target}", response.json()["model"]
@@ -122,20 +137,28 @@ async def _publish_once(backend: LocalBackend, model: TrainableModel, http: http
         await waiter
     finally:
         trainer.step = original
-    return {"latency_s": marks["first_token"] - marks["step_end"],
-            "save_adapter_s": result.save_seconds, "vllm_load_s": result.publish_seconds,
-            "first_token_s": marks["first_token"] - marks["switched"],
-            "train_step_s": result.stats.seconds}  # fmt: skip
+    return {
+        "latency_s": marks["first_token"] - marks["step_end"],
+        "save_adapter_s": result.save_seconds,
+        "vllm_load_s": result.publish_seconds,
+        "first_token_s": marks["first_token"] - marks["switched"],
+        "train_step_s": result.stats.seconds,
+    }
 
 
 async def main(args: argparse.Namespace) -> None:
     vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
     root = Path(tempfile.mkdtemp(prefix="rlcoach-bench-"))
-    engine = {"kind": "vllm", "max_model_len": args.max_model_len, "max_loras": 2,
-              "max_lora_rank": 16, "gpu_memory_utilization": args.gpu_util,
-              "startup_timeout_s": 1200.0, "extra_args": args.vllm_arg}  # fmt: skip
-    config = {"learning_rate": 1e-5, "micro_batch_tokens": 4096,
-              "lora": {"rank": 16, "alpha": 32}}  # fmt: skip
+    engine = {
+        "kind": "vllm",
+        "max_model_len": args.max_model_len,
+        "max_loras": 2,
+        "max_lora_rank": 16,
+        "gpu_memory_utilization": args.gpu_util,
+        "startup_timeout_s": 1200.0,
+        "extra_args": args.vllm_arg,
+    }
+    config = {"learning_rate": 1e-5, "micro_batch_tokens": 4096, "lora": {"rank": 16, "alpha": 32}}
     started = time.perf_counter()
     async with LocalBackend(root, engine=engine) as backend:
         model = TrainableModel("bench", "gpu", base_model=args.model, config=config)
@@ -152,16 +175,22 @@ async def main(args: argparse.Namespace) -> None:
                 except Exception:  # the throughput part still runs
                     traceback.print_exc()
                     break
-                print(f"publish {index}{' (warm-up)' if index == 0 else ''}: "
-                      + json.dumps({k: round(v, 4) for k, v in publishes[-1].items()}),
-                      flush=True)  # fmt: skip
+                print(
+                    f"publish {index}{' (warm-up)' if index == 0 else ''}: "
+                    + json.dumps({k: round(v, 4) for k, v in publishes[-1].items()}),
+                    flush=True,
+                )
             engine_url = backend.engine.url
             adapter = f"{model.name}@{model.step}"
-            modes = [("vLLM direct, base", engine_url, backend.engine.base_name, True),
-                     ("gateway, base", backend.url, f"{model.name}@0", False)]  # fmt: skip
+            modes = [
+                ("vLLM direct, base", engine_url, backend.engine.base_name, True),
+                ("gateway, base", backend.url, f"{model.name}@0", False),
+            ]
             if model.step > 0:
-                modes += [("vLLM direct, LoRA", engine_url, adapter, True),
-                          ("gateway, LoRA", backend.url, model.name, False)]  # fmt: skip
+                modes += [
+                    ("vLLM direct, LoRA", engine_url, adapter, True),
+                    ("gateway, LoRA", backend.url, model.name, False),
+                ]
             warm = argparse.Namespace(**{**vars(args), "requests": 8})
             await _load(http, engine_url, backend.engine.base_name, warm, True)
             runs: dict[str, list[float]] = {name: [] for name, *_ in modes}
@@ -173,11 +202,15 @@ async def main(args: argparse.Namespace) -> None:
                         traceback.print_exc()
                         continue
                     runs[name].append(tokens / seconds)
-                    print(f"round {round_index} {name}: {tokens} tokens in {seconds:.2f} s",
-                          flush=True)  # fmt: skip
+                    print(
+                        f"round {round_index} {name}: {tokens} tokens in {seconds:.2f} s",
+                        flush=True,
+                    )
     timed = publishes[1:]
-    print(f"\nrollouts: {args.requests} concurrent chat requests x {args.max_tokens} tokens "
-          f"(~{args.prompt_words} prompt words), median of {args.rounds} rounds")  # fmt: skip
+    print(
+        f"\nrollouts: {args.requests} concurrent chat requests x {args.max_tokens} tokens "
+        f"(~{args.prompt_words} prompt words), median of {args.rounds} rounds"
+    )
     median = {name: statistics.median(v) for name, v in runs.items() if v}
     for name, value in median.items():
         kind = "base" if "base" in name else "LoRA"
@@ -189,11 +222,13 @@ async def main(args: argparse.Namespace) -> None:
         print(f"  LoRA / base (direct): {lora_cost:.3f}")
     if timed:
         parts = {k: statistics.median(p[k] for p in timed) for k in timed[0]}
-        print(f"publish, end of optimizer step -> first token of the new adapter through the "
-              f"gateway, median of {len(timed)}: {parts['latency_s']:.3f} s "
-              f"(write adapter {parts['save_adapter_s']:.3f} s, vLLM load "
-              f"{parts['vllm_load_s']:.3f} s, first-token request {parts['first_token_s']:.3f} s;"
-              f" goal 0.5 s: {0.5 / parts['latency_s']:.2f}x)")  # fmt: skip
+        print(
+            f"publish, end of optimizer step -> first token of the new adapter through the "
+            f"gateway, median of {len(timed)}: {parts['latency_s']:.3f} s "
+            f"(write adapter {parts['save_adapter_s']:.3f} s, vLLM load "
+            f"{parts['vllm_load_s']:.3f} s, first-token request {parts['first_token_s']:.3f} s;"
+            f" goal 0.5 s: {0.5 / parts['latency_s']:.2f}x)"
+        )
 
 
 if __name__ == "__main__":

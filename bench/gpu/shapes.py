@@ -15,26 +15,59 @@ import time
 from pathlib import Path
 
 SHAPES: dict[str, dict[str, int]] = {
-    "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=49152),
-    "0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                 num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                 vocab_size=151936),
-    "4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
-               num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936),
-    "8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-               num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936),
-}  # fmt: skip
+    "tiny": dict(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=49152,
+    ),
+    "0.6b": dict(
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+    ),
+    "4b": dict(
+        hidden_size=2560,
+        intermediate_size=9728,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+    ),
+    "8b": dict(
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+    ),
+}
 """Qwen3-0.6B/4B/8B shapes (hidden, layers, heads as published); 8B unties embeddings."""
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
-                   "special_tokens_map.json", "generation_config.json")  # fmt: skip
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "generation_config.json",
+)
 """Copied beside the weights. The bench reuses the bundled SmolLM2 tokenizer: its 49,152
 ids all exist in a 151,936-row vocabulary, which is all a random-weight model needs."""
 
 
-def make_model(folder: str | Path, size: str, tokenizer_dir: str | Path | None,
-               max_len: int = 32768) -> dict[str, float]:  # fmt: skip
+def make_model(
+    folder: str | Path, size: str, tokenizer_dir: str | Path | None, max_len: int = 32768
+) -> dict[str, float]:
     """Write the model once (skipped when `folder` already holds it); return its stats."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
@@ -44,8 +77,12 @@ def make_model(folder: str | Path, size: str, tokenizer_dir: str | Path | None,
     if stats_file.exists():
         return json.loads(stats_file.read_text())
     started = time.perf_counter()
-    config = Qwen3Config(max_position_embeddings=max_len, tie_word_embeddings=size != "8b",
-                         torch_dtype="bfloat16", **SHAPES[size])  # fmt: skip
+    config = Qwen3Config(
+        max_position_embeddings=max_len,
+        tie_word_embeddings=size != "8b",
+        torch_dtype="bfloat16",
+        **SHAPES[size],
+    )
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
     with torch.device(device):
@@ -58,8 +95,10 @@ def make_model(folder: str | Path, size: str, tokenizer_dir: str | Path | None,
             source = Path(tokenizer_dir) / name
             if source.exists():
                 shutil.copy(source, folder / name)
-    stats = {"params": sum(p.numel() for p in model.parameters()),
-             "make_s": round(time.perf_counter() - started, 1)}  # fmt: skip
+    stats = {
+        "params": sum(p.numel() for p in model.parameters()),
+        "make_s": round(time.perf_counter() - started, 1),
+    }
     stats_file.write_text(json.dumps(stats))
     return stats
 

@@ -88,12 +88,16 @@ def _profile(step) -> None:
         wall = time.perf_counter() - started
     events = prof.key_averages()
     busy = sum(e.self_device_time_total for e in events) / 1e6
-    launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel",
-                                                         "cudaLaunchKernelExC"))  # fmt: skip
-    print(f"PROFILE wall {wall:.3f} s, GPU kernels busy {busy:.3f} s "
-          f"({100 * busy / wall:.0f}%), kernel launches {launches}")  # fmt: skip
-    table = events.table(sort_by="self_device_time_total", row_limit=14,
-                         max_name_column_width=48)  # fmt: skip
+    launches = sum(
+        e.count
+        for e in events
+        if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC")
+    )
+    print(
+        f"PROFILE wall {wall:.3f} s, GPU kernels busy {busy:.3f} s "
+        f"({100 * busy / wall:.0f}%), kernel launches {launches}"
+    )
+    table = events.table(sort_by="self_device_time_total", row_limit=14, max_name_column_width=48)
     print("\n".join(line[:150] for line in table.splitlines()), flush=True)
 
 
@@ -108,27 +112,33 @@ def run_ours(args: argparse.Namespace) -> dict[str, object]:
     trajectories = []
     for b in range(args.batch):
         choice = SampledChoice(
-            message={"role": "assistant", "content": ""}, policy="bench@0",
+            message={"role": "assistant", "content": ""},
+            policy="bench@0",
             prompt_token_ids=data["prompt_ids"][b].tolist(),
             token_ids=data["completion_ids"][b].tolist(),
             logprobs=[old] * args.completion,
-        )  # fmt: skip
+        )
         trajectories.append(Trajectory(choices=[choice], reward=float(data["advantages"][b])))
     groups = [TrajectoryGroup(trajectories=trajectories)]
     tokens = args.batch * (args.prompt + args.completion)
     config = TrainConfig(
-        learning_rate=1e-5, micro_batch_tokens=args.row or tokens,
-        logprob_chunk_tokens=args.chunk, activation_checkpointing=args.ckpt,
-        compile_layers=args.compile, fused_lora=args.fuse, fused_logprob=args.fused_logprob,
+        learning_rate=1e-5,
+        micro_batch_tokens=args.row or tokens,
+        logprob_chunk_tokens=args.chunk,
+        activation_checkpointing=args.ckpt,
+        compile_layers=args.compile,
+        fused_lora=args.fuse,
+        fused_logprob=args.fused_logprob,
         lora={"rank": 16, "alpha": 32},
-    )  # fmt: skip
+    )
     trainer = LoraTrainer(args.model, config)
     if args.peftcast:  # peft's default input cast, to measure what skipping it saves
         for module in trainer.model.modules():
             if hasattr(module, "lora_A"):
                 module.cast_input_dtype_enabled = True
-    params = sum(p.numel() for p in trainer.model.get_base_model().parameters()
-                 if not p.requires_grad)  # fmt: skip
+    params = sum(
+        p.numel() for p in trainer.model.get_base_model().parameters() if not p.requires_grad
+    )
     lora_dtype = next(p.dtype for p in trainer.model.parameters() if p.requires_grad)
 
     def step() -> None:
@@ -141,9 +151,18 @@ def run_ours(args: argparse.Namespace) -> dict[str, object]:
         WARMUP.setdefault("first_grad_norm", stats.grad_norm)
 
     seconds = _timed(step, args.steps)
-    return {"who": "ours", "params": params, "tokens": tokens, "step_s": seconds,
-            "lora_dtype": str(lora_dtype), "ckpt": args.ckpt, "compile": args.compile,
-            "fuse": args.fuse, "fused_logprob": args.fused_logprob, **WARMUP}  # fmt: skip
+    return {
+        "who": "ours",
+        "params": params,
+        "tokens": tokens,
+        "step_s": seconds,
+        "lora_dtype": str(lora_dtype),
+        "ckpt": args.ckpt,
+        "compile": args.compile,
+        "fuse": args.fuse,
+        "fused_logprob": args.fused_logprob,
+        **WARMUP,
+    }
 
 
 def run_trl(args: argparse.Namespace) -> dict[str, object]:
@@ -156,33 +175,45 @@ def run_trl(args: argparse.Namespace) -> dict[str, object]:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     data = {k: v.to(device) for k, v in _inputs(args.batch, args.prompt, args.completion).items()}
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16,
-                                                 attn_implementation="sdpa")  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(
+        args.model, dtype=torch.bfloat16, attn_implementation="sdpa"
+    )
     extra = {} if args.ckpt is None else {"gradient_checkpointing": args.ckpt}
     config = GRPOConfig(
-        output_dir="/tmp/trl_bench", per_device_train_batch_size=args.batch,
-        num_generations=args.batch, beta=0.0, bf16=device == "cuda", use_cpu=device == "cpu",
-        report_to="none", save_strategy="no", max_completion_length=args.completion,
-        learning_rate=1e-5, logging_steps=1000, **extra,
-    )  # fmt: skip
+        output_dir="/tmp/trl_bench",
+        per_device_train_batch_size=args.batch,
+        num_generations=args.batch,
+        beta=0.0,
+        bf16=device == "cuda",
+        use_cpu=device == "cpu",
+        report_to="none",
+        save_strategy="no",
+        max_completion_length=args.completion,
+        learning_rate=1e-5,
+        logging_steps=1000,
+        **extra,
+    )
     trainer = GRPOTrainer(
-        model=model, args=config, processing_class=tokenizer,
+        model=model,
+        args=config,
+        processing_class=tokenizer,
         reward_funcs=lambda completions, **_: [0.0] * len(completions),
         train_dataset=Dataset.from_dict({"prompt": ["hi"] * args.batch}),
         peft_config=LoraConfig(r=16, lora_alpha=32, target_modules=TARGETS),
-    )  # fmt: skip
+    )
     wrapped = trainer.model.to(device)
     wrapped.train()
     optimizer = trainer.create_optimizer()
     trainer.current_gradient_accumulation_steps = 1
     ones = torch.ones
     inputs = {
-        "prompt_ids": data["prompt_ids"], "completion_ids": data["completion_ids"],
+        "prompt_ids": data["prompt_ids"],
+        "completion_ids": data["completion_ids"],
         "prompt_mask": ones(args.batch, args.prompt, dtype=torch.long, device=device),
         "completion_mask": ones(args.batch, args.completion, dtype=torch.long, device=device),
         "advantages": data["advantages"],
         "num_items_in_batch": torch.tensor(float(args.batch * args.completion), device=device),
-    }  # fmt: skip
+    }
 
     def step() -> None:
         with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
@@ -193,9 +224,14 @@ def run_trl(args: argparse.Namespace) -> dict[str, object]:
 
     params = sum(p.numel() for p in wrapped.parameters() if not p.requires_grad)
     seconds = _timed(step, args.steps)
-    return {"who": "trl", "trl": trl.__version__, "params": params,
-            "tokens": args.batch * (args.prompt + args.completion), "step_s": seconds,
-            "ckpt": bool(trainer.args.gradient_checkpointing)}  # fmt: skip
+    return {
+        "who": "trl",
+        "trl": trl.__version__,
+        "params": params,
+        "tokens": args.batch * (args.prompt + args.completion),
+        "step_s": seconds,
+        "ckpt": bool(trainer.args.gradient_checkpointing),
+    }
 
 
 def one(args: argparse.Namespace) -> None:
@@ -224,9 +260,25 @@ def _parse(config: str) -> tuple[int, int, int, list[str]]:
 
 def _spawn(model: str, who: str, config: str, steps: int, chunk: int) -> dict[str, object]:
     batch, prompt, completion, flags = _parse(config)
-    command = [sys.executable, __file__, "one", "--who", who, "--model", model,
-               "--batch", str(batch), "--prompt", str(prompt), "--completion", str(completion),
-               "--steps", str(steps), "--chunk", str(chunk)]  # fmt: skip
+    command = [
+        sys.executable,
+        __file__,
+        "one",
+        "--who",
+        who,
+        "--model",
+        model,
+        "--batch",
+        str(batch),
+        "--prompt",
+        str(prompt),
+        "--completion",
+        str(completion),
+        "--steps",
+        str(steps),
+        "--chunk",
+        str(chunk),
+    ]
     for flag in flags:
         if flag == "ckpt":
             command.append("--ckpt")
@@ -247,12 +299,15 @@ def _spawn(model: str, who: str, config: str, steps: int, chunk: int) -> dict[st
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if not lines:
         tail = (done.stdout + done.stderr).strip().splitlines()[-12:]
-        print(f"[{who} {config}] failed (exit {done.returncode}):\n  " + "\n  ".join(tail),
-              flush=True)  # fmt: skip
+        print(
+            f"[{who} {config}] failed (exit {done.returncode}):\n  " + "\n  ".join(tail), flush=True
+        )
         return {"who": who, "failed": True}
     if "profile" in flags:
-        print("\n".join(line for line in done.stdout.splitlines()
-                        if not line.startswith("RESULT ")), flush=True)  # fmt: skip
+        print(
+            "\n".join(line for line in done.stdout.splitlines() if not line.startswith("RESULT ")),
+            flush=True,
+        )
     result = json.loads(lines[-1][len("RESULT ") :])
     result["wall_s"] = time.perf_counter() - started
     print(f"[{who} {config}] {json.dumps(result)}", flush=True)
@@ -277,8 +332,10 @@ def grid(args: argparse.Namespace) -> None:
         want_trl = args.trl and "notrl" not in config.split(":")
         peer = _spawn(args.model, "trl", trl_config, args.steps, args.chunk) if want_trl else {}
         rows.append((config, ours, peer))
-    print(f"\ntrainer step, {args.model}, LoRA r=16 all linear, {args.steps} timed steps after "
-          "one warm-up; cells: tokens/s, peak GPU memory, 6N MFU vs 989 TFLOP/s")  # fmt: skip
+    print(
+        f"\ntrainer step, {args.model}, LoRA r=16 all linear, {args.steps} timed steps after "
+        "one warm-up; cells: tokens/s, peak GPU memory, 6N MFU vs 989 TFLOP/s"
+    )
     print(f"{'config (B x prompt+completion)':32} {'ours':>28} {'TRL GRPOTrainer':>28}  ratio")
     for config, ours, peer in rows:
         ratio = "-"
@@ -301,12 +358,19 @@ def main() -> None:
     p.add_argument("--row", type=int, default=0, help="our packed row size (0: whole batch)")
     p.add_argument("--profile", action="store_true", help="profile one more step")
     p.add_argument("--peftcast", action="store_true", help="keep peft's fp32 input cast")
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
-                   help="our TrainConfig.compile_layers")  # fmt: skip
-    p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True,
-                   help="our TrainConfig.fused_lora")  # fmt: skip
-    p.add_argument("--fused-logprob", action="store_true",
-                   help="our TrainConfig.fused_logprob")  # fmt: skip
+    p.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="our TrainConfig.compile_layers",
+    )
+    p.add_argument(
+        "--fuse",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="our TrainConfig.fused_lora",
+    )
+    p.add_argument("--fused-logprob", action="store_true", help="our TrainConfig.fused_logprob")
     p.add_argument(
         "--ckpt",
         action=argparse.BooleanOptionalAction,

@@ -56,24 +56,35 @@ class DemoResult:
     curve_png: Path | None
 
     def summary(self) -> str:
-        return (f"result: success_before={self.success_before:.3f} "
-                f"success_after={self.success_after:.3f} minutes={self.minutes:.1f}")  # fmt: skip
+        return (
+            f"result: success_before={self.success_before:.3f} "
+            f"success_after={self.success_after:.3f} minutes={self.minutes:.1f}"
+        )
 
 
-async def evaluate(model: TrainableModel, client: AsyncOpenAI, questions: list[Question],
-                   samples: int, *, progress: bool = True) -> float:  # fmt: skip
+async def evaluate(
+    model: TrainableModel,
+    client: AsyncOpenAI,
+    questions: list[Question],
+    samples: int,
+    *,
+    progress: bool = True,
+) -> float:
     """Success rate of the currently served step, sampled at temperature 1."""
     groups = await gather_trajectory_groups(
         ([run_question(model, client, q) for _ in range(samples)] for q in questions),
-        description=f"eval {model.served_name}", progress=progress, max_failure_fraction=0.1,
-    )  # fmt: skip
+        description=f"eval {model.served_name}",
+        progress=progress,
+        max_failure_fraction=0.1,
+    )
     outcomes = [t.metrics["success"] for g in groups for t in g.trajectories]
     outcomes += [0.0 for g in groups for _ in g.failures]
     return sum(outcomes) / len(outcomes)
 
 
-def _plot(path: Path, rewards: list[float], successes: list[float], before: float,
-          after: float) -> Path | None:  # fmt: skip
+def _plot(
+    path: Path, rewards: list[float], successes: list[float], before: float, after: float
+) -> Path | None:
     try:
         import matplotlib
 
@@ -107,8 +118,9 @@ def _log(line: str) -> None:
 async def run_demo(config: DemoConfig) -> DemoResult:
     started = time.perf_counter()
     name = config.resume or f"calculator-{time.strftime('%Y%m%d-%H%M%S')}"
-    model = TrainableModel(name, PROJECT, config={"learning_rate": config.learning_rate,
-                                                  "seed": config.seed})  # fmt: skip
+    model = TrainableModel(
+        name, PROJECT, config={"learning_rate": config.learning_rate, "seed": config.seed}
+    )
     held_out, training = split_questions(config.eval_questions, 500, config.seed)
     backend = LocalBackend(config.root, engine={"kind": config.engine})
     _log(f"starting the {config.engine} engine with the bundled model (first run converts it)")
@@ -117,23 +129,31 @@ async def run_demo(config: DemoConfig) -> DemoResult:
         paths = backend.paths(model)
         _log(f"serving {model.served_name} at {backend.url}/v1; run folder {paths.dir}")
         client = model.openai_client()
-        before = await evaluate(model, client, held_out, config.eval_samples,
-                                progress=config.progress)  # fmt: skip
+        before = await evaluate(
+            model, client, held_out, config.eval_samples, progress=config.progress
+        )
         _log(f"held-out success before training: {before:.3f}")
         rewards: list[float] = []
         successes: list[float] = []
-        batches = iterate_dataset(training, config.questions_per_step, epochs=100,
-                                  seed=config.seed, initial_step=model.step)  # fmt: skip
+        batches = iterate_dataset(
+            training,
+            config.questions_per_step,
+            epochs=100,
+            seed=config.seed,
+            initial_step=model.step,
+        )
         for batch in batches:
             if batch.step >= config.steps:
                 break
             gathered = time.perf_counter()
             groups = await gather_trajectory_groups(
-                ([run_question(model, client, q) for _ in range(config.group_size)]
-                 for q in batch.items),
+                (
+                    [run_question(model, client, q) for _ in range(config.group_size)]
+                    for q in batch.items
+                ),
                 description=f"step {batch.step + 1}/{config.steps} rollouts",
                 progress=config.progress,
-            )  # fmt: skip
+            )
             rollout_seconds = time.perf_counter() - gathered
             trajectories = [t for g in groups for t in g.trajectories]
             reward = sum(t.reward for t in trajectories) / max(len(trajectories), 1)
@@ -143,22 +163,33 @@ async def run_demo(config: DemoConfig) -> DemoResult:
             successes.append(success)
             failures = sum(len(g.failures) for g in groups)
             s = result.stats
-            head = (f"step {batch.step + 1:>3}  reward {reward:.3f}  success {success:.3f}  "
-                    f"failed {failures}  rollouts {rollout_seconds:.1f}s  ")  # fmt: skip
+            head = (
+                f"step {batch.step + 1:>3}  reward {reward:.3f}  success {success:.3f}  "
+                f"failed {failures}  rollouts {rollout_seconds:.1f}s  "
+            )
             if not s.trained:
-                _log(head + "skipped: every group had equal rewards (nothing to learn); "
-                     f"still serving {model.served_name}")  # fmt: skip
+                _log(
+                    head + "skipped: every group had equal rewards (nothing to learn); "
+                    f"still serving {model.served_name}"
+                )
                 continue
-            _log(head + f"loss {s.loss:+.4f}  tokens {s.sampled_tokens}/{s.total_tokens}  "
-                 f"train {s.seconds:.1f}s  publish {result.publish_seconds * 1000:.0f}ms  "
-                 f"serving {model.served_name}")  # fmt: skip
-        after = await evaluate(model, client, held_out, config.eval_samples,
-                               progress=config.progress)  # fmt: skip
+            _log(
+                head + f"loss {s.loss:+.4f}  tokens {s.sampled_tokens}/{s.total_tokens}  "
+                f"train {s.seconds:.1f}s  publish {result.publish_seconds * 1000:.0f}ms  "
+                f"serving {model.served_name}"
+            )
+        after = await evaluate(
+            model, client, held_out, config.eval_samples, progress=config.progress
+        )
         _log(f"held-out success after training: {after:.3f}")
         curve = _plot(paths.dir / "reward_curve.png", rewards, successes, before, after)
         minutes = (time.perf_counter() - started) / 60
-        summary: dict[str, Any] = {"event": "demo", "success_before": before,
-                                   "success_after": after, "minutes": minutes}  # fmt: skip
+        summary: dict[str, Any] = {
+            "event": "demo",
+            "success_before": before,
+            "success_after": after,
+            "minutes": minutes,
+        }
         append_jsonl(paths.metrics, summary)
     if curve is not None:
         _log(f"reward curve: {curve}")

@@ -37,8 +37,7 @@ __all__ = [
 ]
 
 SYSTEM = (
-    "You are a calculator assistant. Always use the add tool to add numbers, "
-    "then state the result."
+    "You are a calculator assistant. Always use the add tool to add numbers, then state the result."
 )
 
 RUBRIC = """\
@@ -68,13 +67,20 @@ def _worked_example(a: int, b: int, call_id: str) -> list[dict[str, Any]]:
     arguments = json.dumps({"a": a, "b": b})
     return [
         {"role": "user", "content": f"What is {a} + {b}?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": call_id, "type": "function",
-             "function": {"name": "add", "arguments": arguments}},
-        ]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": "add", "arguments": arguments},
+                },
+            ],
+        },
         {"role": "tool", "tool_call_id": call_id, "content": str(a + b)},
         {"role": "assistant", "content": f"{a} + {b} = {a + b}"},
-    ]  # fmt: skip
+    ]
 
 
 EXAMPLES = [*_worked_example(12, 30, "call_0"), *_worked_example(205, 311, "call_1")]
@@ -90,8 +96,11 @@ class Question:
         return self.a + self.b
 
     def messages(self) -> list[dict[str, Any]]:
-        return [{"role": "system", "content": SYSTEM}, *EXAMPLES,
-                {"role": "user", "content": f"What is {self.a} + {self.b}?"}]  # fmt: skip
+        return [
+            {"role": "system", "content": SYSTEM},
+            *EXAMPLES,
+            {"role": "user", "content": f"What is {self.a} + {self.b}?"},
+        ]
 
 
 def make_questions(n: int, seed: int) -> list[Question]:
@@ -149,9 +158,12 @@ async def run_question(
     async with model.rollout(a=question.a, b=question.b) as rollout:
         messages = question.messages()
         reply = await client.chat.completions.create(
-            model=model.served_name, messages=messages, tools=[ADD_TOOL],
-            temperature=temperature, max_tokens=max_tokens,
-        )  # fmt: skip
+            model=model.served_name,
+            messages=messages,
+            tools=[ADD_TOOL],
+            temperature=temperature,
+            max_tokens=max_tokens,
+        )
         message = reply.choices[0].message
         arguments, final_text = None, None
         if message.tool_calls:
@@ -164,13 +176,19 @@ async def run_question(
             messages = [
                 *messages,
                 message.model_dump(exclude_none=True),
-                {"role": "tool", "tool_call_id": call.id,
-                 "content": result if result is not None else "error: expected integers a, b"},
-            ]  # fmt: skip
+                {
+                    "role": "tool",
+                    "tool_call_id": call.id,
+                    "content": result if result is not None else "error: expected integers a, b",
+                },
+            ]
             follow_up = await client.chat.completions.create(
-                model=model.served_name, messages=messages, tools=[ADD_TOOL],
-                temperature=temperature, max_tokens=max_tokens,
-            )  # fmt: skip
+                model=model.served_name,
+                messages=messages,
+                tools=[ADD_TOOL],
+                temperature=temperature,
+                max_tokens=max_tokens,
+            )
             final_text = follow_up.choices[0].message.content
         rollout.reward = score(question, arguments, final_text)
         rollout.metrics["success"] = float(rollout.reward == 1.0)

@@ -187,11 +187,17 @@ class TransformersEngine:
                     "message": message,
                     "finish_reason": finish,
                     "token_ids": ids,
-                    "logprobs": {"content": [
-                        {"token": self._tokenizer.decode([t]), "logprob": lp, "bytes": None,
-                         "top_logprobs": self._top(logprobs_S_N_V[s, index], top_logprobs)}
-                        for s, (t, lp) in enumerate(zip(ids, logprobs, strict=True))
-                    ]},
+                    "logprobs": {
+                        "content": [
+                            {
+                                "token": self._tokenizer.decode([t]),
+                                "logprob": lp,
+                                "bytes": None,
+                                "top_logprobs": self._top(logprobs_S_N_V[s, index], top_logprobs),
+                            }
+                            for s, (t, lp) in enumerate(zip(ids, logprobs, strict=True))
+                        ]
+                    },
                 }
             )
         return {
@@ -215,8 +221,10 @@ class TransformersEngine:
         if k <= 0:
             return []
         values, indices = torch.topk(logprobs_V, k)
-        return [{"token": self._tokenizer.decode([int(i)]), "logprob": float(v), "bytes": None}
-                for v, i in zip(values.tolist(), indices.tolist(), strict=True)]  # fmt: skip
+        return [
+            {"token": self._tokenizer.decode([int(i)]), "logprob": float(v), "bytes": None}
+            for v, i in zip(values.tolist(), indices.tolist(), strict=True)
+        ]
 
     async def close(self) -> None:
         self._model = None

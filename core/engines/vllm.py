@@ -132,20 +132,31 @@ class VLLMEngine:
         family = family_of(self.model_path)
         parser = c.tool_call_parser or (family.tool_call_parser if family else "hermes")
         args = [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(self.model_path),
-            "--served-model-name", self.base_name,
-            "--host", "127.0.0.1",
-            "--port", str(self.port),
-            "--max-model-len", str(c.max_model_len),
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_path),
+            "--served-model-name",
+            self.base_name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--max-model-len",
+            str(c.max_model_len),
             "--enable-lora",
-            "--max-loras", str(c.max_loras),
-            "--max-lora-rank", str(c.max_lora_rank),
+            "--max-loras",
+            str(c.max_loras),
+            "--max-lora-rank",
+            str(c.max_lora_rank),
             "--enable-auto-tool-choice",
-            "--tool-call-parser", parser,
-            "--dtype", self.dtype(),
+            "--tool-call-parser",
+            parser,
+            "--dtype",
+            self.dtype(),
             "--disable-uvicorn-access-log",
-        ]  # fmt: skip
+        ]
         reasoning = c.reasoning_parser or (family.reasoning_parser if family else None)
         if reasoning and reasoning != "none":
             args += ["--reasoning-parser", reasoning]
@@ -188,10 +199,13 @@ class VLLMEngine:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as log:
             return subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
                 start_new_session=True,
                 preexec_fn=_parent_death_signal() if sys.platform == "linux" else None,
-            )  # fmt: skip
+            )
 
     def _watch_group(self, process: subprocess.Popen[bytes]) -> subprocess.Popen[bytes] | None:
         """Start the watchdog that kills `process`'s group when this process dies."""
@@ -199,9 +213,10 @@ class VLLMEngine:
             return None
         return subprocess.Popen(
             [sys.executable, "-c", _REAPER, str(process.pid), str(os.getpid())],
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
             preexec_fn=_parent_death_signal(signal.SIGTERM),
-        )  # fmt: skip
+        )
 
     async def _stop_reaper(self) -> None:
         reaper, self._reaper = self._reaper, None
@@ -217,13 +232,15 @@ class VLLMEngine:
                 "'rlcoach[vllm]' on a GPU machine (or use EngineConfig(kind='transformers'))"
             )
         self._client = httpx.AsyncClient(
-            base_url=self.url, timeout=httpx.Timeout(self.config.request_timeout_s),
+            base_url=self.url,
+            timeout=httpx.Timeout(self.config.request_timeout_s),
             # Idle connections are dropped well before vLLM's 5 s keep-alive closes them:
             # reusing one the server closes at that moment fails the request (a 503 seen
             # once in 264 chats, the late ones after an idle training step).
-            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256,
-                                keepalive_expiry=2.0),
-        )  # fmt: skip
+            limits=httpx.Limits(
+                max_connections=1024, max_keepalive_connections=256, keepalive_expiry=2.0
+            ),
+        )
         await self._launch()
 
     @property

@@ -31,8 +31,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["SEGMENT_ATTENTION", "exclude_from_compilation", "register_segment_attention",
-           "segment_attention", "segment_bounds"]  # fmt: skip
+__all__ = [
+    "SEGMENT_ATTENTION",
+    "exclude_from_compilation",
+    "register_segment_attention",
+    "segment_attention",
+    "segment_bounds",
+]
 
 SEGMENT_ATTENTION = "rlcoach_segments"
 """The attention implementation name a model must be loaded with to use this module."""
@@ -75,11 +80,17 @@ def segment_attention(
     gqa = query_1HTD.shape[1] != key_1KTD.shape[1]
     pieces = []
     for start, end in itertools.pairwise(bounds):
-        pieces.append(F.scaled_dot_product_attention(
-            query_1HTD[:, :, start:end], key_1KTD[:, :, start:end],
-            value_1KTD[:, :, start:end], is_causal=True, scale=scaling,
-            dropout_p=dropout if module.training else 0.0, enable_gqa=gqa,
-        ))  # fmt: skip
+        pieces.append(
+            F.scaled_dot_product_attention(
+                query_1HTD[:, :, start:end],
+                key_1KTD[:, :, start:end],
+                value_1KTD[:, :, start:end],
+                is_causal=True,
+                scale=scaling,
+                dropout_p=dropout if module.training else 0.0,
+                enable_gqa=gqa,
+            )
+        )
     out_1HTD = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2)
     return out_1HTD.transpose(1, 2).contiguous(), None
 

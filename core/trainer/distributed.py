@@ -78,8 +78,11 @@ logger = logging.getLogger(__name__)
 _ERROR_LINE = re.compile(r"(\[rank\d+\]: )?[\w.]*(Error|Exception)\b")
 """An exception's last line in the ranks' log (torchrun prefixes `[rank<n>]: `)."""
 
-_PASSED_ON = {"TrainingDataError": TrainingDataError, "ConfigError": ConfigError,
-              "CheckpointError": CheckpointError}  # fmt: skip
+_PASSED_ON = {
+    "TrainingDataError": TrainingDataError,
+    "ConfigError": ConfigError,
+    "CheckpointError": CheckpointError,
+}
 """Errors every rank raises alike before any collective: reported, the ranks live on."""
 
 
@@ -93,13 +96,23 @@ class DistributedTrainer:
     `env["CUDA_VISIBLE_DEVICES"]`; "gloo": CPU ranks). `start_timeout_s` bounds the start
     (model load included), `call_timeout_s` each command."""
 
-    def __init__(self, model_path: str | Path, config: TrainConfig, *, ranks: int,
-                 backend: Literal["gloo", "nccl"] = "gloo", env: Mapping[str, str] | None = None,
-                 log_file: Path | None = None, start_timeout_s: float = 600.0,
-                 call_timeout_s: float = 3600.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model_path: str | Path,
+        config: TrainConfig,
+        *,
+        ranks: int,
+        backend: Literal["gloo", "nccl"] = "gloo",
+        env: Mapping[str, str] | None = None,
+        log_file: Path | None = None,
+        start_timeout_s: float = 600.0,
+        call_timeout_s: float = 3600.0,
+    ) -> None:
         if ranks < 2:
-            raise ConfigError(f"DistributedTrainer ranks={ranks}: it spreads training over "
-                              "ranks; fix: use LoraTrainer for one, or ranks >= 2")  # fmt: skip
+            raise ConfigError(
+                f"DistributedTrainer ranks={ranks}: it spreads training over "
+                "ranks; fix: use LoraTrainer for one, or ranks >= 2"
+            )
         from rlcoach.engines.vllm import _parent_death_signal
 
         self.config = config
@@ -115,27 +128,54 @@ class DistributedTrainer:
         self.closed = False
         self.worker_pids: list[int] = []
         token = secrets.token_hex(16)
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   "--nproc-per-node", str(ranks), "--max-restarts", "0",
-                   "-m", "rlcoach.trainer.ranks", "--model", str(model_path),
-                   "--config", config.model_dump_json(), "--backend", backend,
-                   "--driver-port", str(self._server.getsockname()[1]),
-                   "--token", token]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(ranks),
+            "--max-restarts",
+            "0",
+            "-m",
+            "rlcoach.trainer.ranks",
+            "--model",
+            str(model_path),
+            "--config",
+            config.model_dump_json(),
+            "--backend",
+            backend,
+            "--driver-port",
+            str(self._server.getsockname()[1]),
+            "--token",
+            token,
+        ]
         with open(self.log_file, "ab") as log:
             self._process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, **(env or {})}, start_new_session=True,
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
                 preexec_fn=_parent_death_signal() if sys.platform == "linux" else None,
-            )  # fmt: skip
-        logger.info("starting %d training ranks (%s) under torchrun (pid %d); log: %s",
-                    ranks, backend, self._process.pid, self.log_file)  # fmt: skip
+            )
+        logger.info(
+            "starting %d training ranks (%s) under torchrun (pid %d); log: %s",
+            ranks,
+            backend,
+            self._process.pid,
+            self.log_file,
+        )
         try:
             deadline = time.monotonic() + start_timeout_s
             self._connection = self._accept(deadline)
             hello = self._receive(deadline, "start")
             if hello.get("token") != token:
-                raise TrainerError("a process that is not our rank 0 connected to the "
-                                   "trainer's socket; fix: retry (the port was taken)")  # fmt: skip
+                raise TrainerError(
+                    "a process that is not our rank 0 connected to the "
+                    "trainer's socket; fix: retry (the port was taken)"
+                )
             ready = self._wait(None, deadline, "start")
             self.worker_pids = [int(p) for p in ready["pids"]]
         except BaseException:
@@ -148,11 +188,14 @@ class DistributedTrainer:
     def step(self, groups: list[TrajectoryGroup], config: TrainConfig | None = None) -> StepStats:
         """Train on `groups` across the ranks; stats as `LoraTrainer.step` returns them."""
         c = config or self.config
-        path = write_text_atomic(self._work / f"groups-{self._next_id}.jsonl",
-                                 "".join(g.model_dump_json() + "\n" for g in groups))  # fmt: skip
+        path = write_text_atomic(
+            self._work / f"groups-{self._next_id}.jsonl",
+            "".join(g.model_dump_json() + "\n" for g in groups),
+        )
         try:
-            result = self._call({"cmd": "step", "groups": str(path),
-                                 "config": c.model_dump(mode="json")})  # fmt: skip
+            result = self._call(
+                {"cmd": "step", "groups": str(path), "config": c.model_dump(mode="json")}
+            )
         finally:
             path.unlink(missing_ok=True)
         return StepStats(**result)
@@ -194,8 +237,10 @@ class DistributedTrainer:
 
     def _call(self, command: dict[str, Any]) -> dict[str, Any]:
         if self.closed or self._connection is None:
-            raise TrainerError(f"the training ranks are stopped (log: {self.log_file}); fix: "
-                               "make a new trainer, which resumes from a checkpoint")  # fmt: skip
+            raise TrainerError(
+                f"the training ranks are stopped (log: {self.log_file}); fix: "
+                "make a new trainer, which resumes from a checkpoint"
+            )
         self._next_id += 1
         command = {**command, "id": self._next_id}
         deadline = time.monotonic() + self.call_timeout_s

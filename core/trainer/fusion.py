@@ -44,19 +44,27 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["TargetLogprob", "compile_decoder_layers", "compiled_target_logprob",
-           "fuse_lora_linears"]  # fmt: skip
+__all__ = [
+    "TargetLogprob",
+    "compile_decoder_layers",
+    "compiled_target_logprob",
+    "fuse_lora_linears",
+]
 
 
 def _fused_lora_forward(module: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     """A peft `lora.Linear` forward with the LoRA update in the base matmul's epilogue."""
     active = module.active_adapters
     plain = (
-        not args and not kwargs and not module.disable_adapters and not module.merged
-        and len(active) == 1 and active[0] in module.lora_A
+        not args
+        and not kwargs
+        and not module.disable_adapters
+        and not module.merged
+        and len(active) == 1
+        and active[0] in module.lora_A
         and active[0] not in module.lora_variant
         and isinstance(module.base_layer, torch.nn.Linear)
-    )  # fmt: skip
+    )
     if not plain:
         return type(module).forward(module, x, *args, **kwargs)
     name = active[0]
@@ -66,8 +74,11 @@ def _fused_lora_forward(module: Any, x: torch.Tensor, *args: Any, **kwargs: Any)
     down_NR = F.linear(module.lora_dropout[name](x_NI), module.lora_A[name].weight)
     # In place on the base output: F.linear's backward needs its inputs, not its output.
     # Under autocast addmm_ runs in the output's dtype (bf16), like peft's own matmuls.
-    y_NO = y_NO.addmm_(down_NR.to(y_NO.dtype), module.lora_B[name].weight.t().to(y_NO.dtype),
-                       alpha=module.scaling[name])  # fmt: skip
+    y_NO = y_NO.addmm_(
+        down_NR.to(y_NO.dtype),
+        module.lora_B[name].weight.t().to(y_NO.dtype),
+        alpha=module.scaling[name],
+    )
     return y_NO.view(*x.shape[:-1], y_NO.shape[-1])
 
 
@@ -110,8 +121,9 @@ class TargetLogprob(torch.autograd.Function):
     (fp32); the gradient with respect to `h_CH` is computed in the forward pass."""
 
     @staticmethod
-    def forward(ctx: Any, h_CH: torch.Tensor, weight_VH: torch.Tensor,
-                t_C: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    def forward(
+        ctx: Any, h_CH: torch.Tensor, weight_VH: torch.Tensor, t_C: torch.Tensor
+    ) -> torch.Tensor:
         ctx.h_dtype = h_CH.dtype
         logits_CV = (h_CH.to(weight_VH.dtype) @ weight_VH.t()).float()
         lse_C = torch.logsumexp(logits_CV, dim=-1)
@@ -127,8 +139,7 @@ class TargetLogprob(torch.autograd.Function):
         return (grad_C[:, None] * jacobian_CH).to(ctx.h_dtype), None, None
 
 
-def _target_logprob(h_CH: torch.Tensor, weight_VH: torch.Tensor,
-                    t_C: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def _target_logprob(h_CH: torch.Tensor, weight_VH: torch.Tensor, t_C: torch.Tensor) -> torch.Tensor:
     return TargetLogprob.apply(h_CH, weight_VH, t_C)
 
 

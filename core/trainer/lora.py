@@ -58,9 +58,15 @@ from rlcoach.trainer.sequences import PackedRow, TrainSequence, build_sequences,
 from rlcoach.types import TrajectoryGroup
 
 __all__ = [
-    "LoraTrainer", "StepStats", "build_lora_model", "build_optimizer", "chunked_token_logprobs",
-    "collect_sequences", "row_loss_terms", "untrained_stats",
-]  # fmt: skip
+    "LoraTrainer",
+    "StepStats",
+    "build_lora_model",
+    "build_optimizer",
+    "chunked_token_logprobs",
+    "collect_sequences",
+    "row_loss_terms",
+    "untrained_stats",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -119,24 +125,30 @@ def chunked_token_logprobs(
     lm_head = causal_lm.get_output_embeddings()
     if getattr(causal_lm.config, "_attn_implementation", None) == SEGMENT_ATTENTION:
         # Per-sequence attention: boundaries instead of a mask (see attention.py).
-        hidden_1TH = backbone(input_ids=input_ids_1T, position_ids=position_ids_1T,
-                              rlcoach_segments=torch.tensor(segment_bounds(position_ids_1T[0])),
-                              ).last_hidden_state  # fmt: skip
+        hidden_1TH = backbone(
+            input_ids=input_ids_1T,
+            position_ids=position_ids_1T,
+            rlcoach_segments=torch.tensor(segment_bounds(position_ids_1T[0])),
+        ).last_hidden_state
     else:
         # Any other attention: a block-diagonal causal mask, with a new block wherever
         # the position ids restart at 0 (sdpa ignores position-id resets).
         segments_T = torch.cumsum(position_ids_1T[0] == 0, dim=0)
         length = segments_T.shape[0]
-        causal_TT = torch.ones(length, length, dtype=torch.bool,
-                               device=segments_T.device).tril()  # fmt: skip
+        causal_TT = torch.ones(length, length, dtype=torch.bool, device=segments_T.device).tril()
         mask_11TT = (causal_TT & (segments_T[:, None] == segments_T[None, :]))[None, None]
-        hidden_1TH = backbone(input_ids=input_ids_1T, position_ids=position_ids_1T,
-                              attention_mask=mask_11TT).last_hidden_state  # fmt: skip
+        hidden_1TH = backbone(
+            input_ids=input_ids_1T, position_ids=position_ids_1T, attention_mask=mask_11TT
+        ).last_hidden_state
     hidden_TH = hidden_1TH[0, :-1]
     targets_T = input_ids_1T[0, 1:]
 
-    fused = (fused_logprob and type(lm_head) is torch.nn.Linear and lm_head.bias is None
-             and not lm_head.weight.requires_grad)  # fmt: skip
+    fused = (
+        fused_logprob
+        and type(lm_head) is torch.nn.Linear
+        and lm_head.bias is None
+        and not lm_head.weight.requires_grad
+    )
     project = functools.partial(_compiled_project() if compiled else _project, lm_head)
     pieces = []
     for start in range(0, hidden_TH.shape[0], chunk):
@@ -172,11 +184,13 @@ def build_lora_model(model_path: str | Path, config: TrainConfig, device: torch.
     model = get_peft_model(
         base,
         LoraConfig(
-            r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+            r=lora.rank,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
             target_modules=lora_targets(lora.target_modules, model_path),
             task_type="CAUSAL_LM",
         ),
-    )  # fmt: skip
+    )
     if device.type == "cuda":
         # peft casts each LoRA layer's input to the adapter's fp32 before autocast
         # casts it back to bf16 for the matmul: two full passes over the activations
@@ -202,8 +216,9 @@ def build_optimizer(model: Any, config: TrainConfig, fused: bool) -> torch.optim
     )
 
 
-def collect_sequences(groups: list[TrajectoryGroup],
-                      config: TrainConfig) -> tuple[list[TrainSequence], int, int]:  # fmt: skip
+def collect_sequences(
+    groups: list[TrajectoryGroup], config: TrainConfig
+) -> tuple[list[TrainSequence], int, int]:
     """The training sequences of `groups`, the groups skipped for having no reward
     variance, and the trajectories trained on."""
     sequences: list[TrainSequence] = []
@@ -215,8 +230,10 @@ def collect_sequences(groups: list[TrajectoryGroup],
         rewards_G = torch.tensor(group.rewards, dtype=torch.float32)
         advantages_G = group_advantages(rewards_G, config.scale_rewards)
         # Sequences are built even for skipped groups: bad data fails loudly either way.
-        built = [build_sequences(t, float(a))
-                 for t, a in zip(group.trajectories, advantages_G, strict=True)]  # fmt: skip
+        built = [
+            build_sequences(t, float(a))
+            for t, a in zip(group.trajectories, advantages_G, strict=True)
+        ]
         if torch.all(advantages_G.abs() < 1e-8):
             skipped += 1
             continue
@@ -227,12 +244,14 @@ def collect_sequences(groups: list[TrajectoryGroup],
 
 def untrained_stats(groups: int, skipped: int, started: float) -> StepStats:
     """The stats of a step that trained nothing: no group had reward variance."""
-    return StepStats(False, groups, skipped, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 1.0,
-                     time.perf_counter() - started)  # fmt: skip
+    return StepStats(
+        False, groups, skipped, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 1.0, time.perf_counter() - started
+    )
 
 
-def row_loss_terms(trainer: Any, row: PackedRow, normalizer: float,
-                   config: TrainConfig) -> LossTerms:  # fmt: skip
+def row_loss_terms(
+    trainer: Any, row: PackedRow, normalizer: float, config: TrainConfig
+) -> LossTerms:
     """The policy loss of one packed row under `trainer.row_logprobs` (and its reference
     pass when the KL term is on)."""
     device = trainer.device
@@ -243,16 +262,21 @@ def row_loss_terms(trainer: Any, row: PackedRow, normalizer: float,
         row.old_logprobs_T[1:].to(device),
         row.advantages_T[1:].to(device),
         row.sampled_mask_T[1:].to(device),
-        normalizer=normalizer, kind=config.loss, clip_low=config.clip_low,
-        clip_high=config.clip_high, ref_logprobs_T=ref, kl_coef=config.kl_coef,
-    )  # fmt: skip
+        normalizer=normalizer,
+        kind=config.loss,
+        clip_low=config.clip_low,
+        clip_high=config.clip_high,
+        ref_logprobs_T=ref,
+        kl_coef=config.kl_coef,
+    )
 
 
 class LoraTrainer:
     """A causal LM with a peft LoRA adapter and its optimizer."""
 
-    def __init__(self, model_path: str | Path, config: TrainConfig,
-                 device: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, model_path: str | Path, config: TrainConfig, device: str | None = None
+    ) -> None:
         self.config = config
         default = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device or default)
@@ -261,17 +285,20 @@ class LoraTrainer:
 
     def _autocast(self) -> Any:
         # Off where bf16 matmuls are slow (an AVX2-only CPU): see hardware.py.
-        return torch.autocast(self.device.type, dtype=torch.bfloat16,
-                              enabled=fast_bf16(self.device))  # fmt: skip
+        return torch.autocast(
+            self.device.type, dtype=torch.bfloat16, enabled=fast_bf16(self.device)
+        )
 
     def row_logprobs(self, row: PackedRow, use_adapter: bool = True) -> torch.Tensor:
         ids = row.input_ids_T[None].to(self.device)
         positions = row.position_ids_T[None].to(self.device)
         causal_lm = self.model.get_base_model()
         gpu = self.device.type == "cuda"
-        options = {"chunk": self.config.logprob_chunk_tokens,
-                   "compiled": self.config.compile_layers and gpu,
-                   "fused_logprob": self.config.fused_logprob and gpu}  # fmt: skip
+        options = {
+            "chunk": self.config.logprob_chunk_tokens,
+            "compiled": self.config.compile_layers and gpu,
+            "fused_logprob": self.config.fused_logprob and gpu,
+        }
         with self._autocast():
             if use_adapter:
                 return chunked_token_logprobs(causal_lm, ids, positions, **options)

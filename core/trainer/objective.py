@@ -42,8 +42,9 @@ __all__ = ["LossTerms", "group_advantages", "loss_normalizer", "policy_loss"]
 LossKind = Literal["grpo", "dr_grpo", "cispo"]
 
 
-def group_advantages(rewards_G: torch.Tensor, scale_rewards: bool = False,
-                     eps: float = 1e-6) -> torch.Tensor:  # fmt: skip
+def group_advantages(
+    rewards_G: torch.Tensor, scale_rewards: bool = False, eps: float = 1e-6
+) -> torch.Tensor:
     """Advantages for the G trajectories of one group (float tensor of shape [G])."""
     centered_G = rewards_G - rewards_G.mean()
     if scale_rewards:

@@ -7,6 +7,7 @@ broadcasts each command to the others; every rank holds an FSDP2-sharded copy of
 LoRA model, runs its share of each step's rows (`split_by_tokens`) and joins the
 gathers that write a checkpoint once.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,6 +43,7 @@ __all__ = ["main", "split_by_tokens"]
 
 logger = logging.getLogger(__name__)
 
+
 def split_by_tokens(sequences: list[TrainSequence], ranks: int) -> list[list[TrainSequence]]:
     """Deal `sequences` to `ranks` by token count: longest first, each to the rank with
     the fewest tokens so far (ties: the lowest rank). Deterministic on every rank."""
@@ -52,7 +54,6 @@ def split_by_tokens(sequences: list[TrainSequence], ranks: int) -> list[list[Tra
         shares[rank].append(sequence)
         tokens[rank] += len(sequence.token_ids)
     return shares
-
 
 
 _IDLE_S = 60.0
@@ -69,8 +70,9 @@ class _RowLogprobs(torch.nn.Module):
         self.peft_model = peft_model
         self.chunk = chunk
 
-    def forward(self, ids_1T: torch.Tensor, positions_1T: torch.Tensor,
-                use_adapter: bool) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self, ids_1T: torch.Tensor, positions_1T: torch.Tensor, use_adapter: bool
+    ) -> torch.Tensor:
         causal_lm = self.peft_model.get_base_model()
         if use_adapter:
             return chunked_token_logprobs(causal_lm, ids_1T, positions_1T, self.chunk)
@@ -126,8 +128,7 @@ class _RankTrainer:
 
         ids = row.input_ids_T[None].to(self.device)
         positions = row.position_ids_T[None].to(self.device)
-        with torch.autocast(self.device.type, dtype=torch.bfloat16,
-                            enabled=fast_bf16(self.device)):  # fmt: skip
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=fast_bf16(self.device)):
             if use_adapter:
                 return self.root(ids, positions, True)
             with torch.no_grad():
@@ -158,8 +159,9 @@ class _RankTrainer:
             if not part:
                 continue
             normalizer = loss_normalizer(c.loss, [s.sampled_tokens for s in part])
-            rows = pack_sequences(split_by_tokens(part, self.world)[self.rank],
-                                  c.micro_batch_tokens)  # fmt: skip
+            rows = pack_sequences(
+                split_by_tokens(part, self.world)[self.rank], c.micro_batch_tokens
+            )
             most = int(self._reduce([len(rows)], dist.ReduceOp.MAX)[0])
             rows += pack_sequences([_PADDING_SEQUENCE], c.micro_batch_tokens) * (most - len(rows))
             self.optimizer.zero_grad(set_to_none=True)
@@ -167,8 +169,9 @@ class _RankTrainer:
             for row in rows:
                 terms = row_loss_terms(self, row, normalizer, c)
                 terms.loss.backward()
-                for index, value in enumerate((terms.loss, terms.clipped_tokens,
-                                               terms.kl_sum, terms.ratio_sum)):  # fmt: skip
+                for index, value in enumerate(
+                    (terms.loss, terms.clipped_tokens, terms.kl_sum, terms.ratio_sum)
+                ):
                     sums[index] += float(value.detach())
             norm = torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm)
             norms.append(float(norm.full_tensor() if isinstance(norm, DTensor) else norm))
@@ -179,13 +182,20 @@ class _RankTrainer:
         self.root.eval()
         sampled = sum(s.sampled_tokens for s in sequences)
         return StepStats(
-            trained=True, groups=len(groups), groups_skipped_no_variance=skipped,
-            trajectories=trajectories, sequences=len(sequences), sampled_tokens=sampled,
+            trained=True,
+            groups=len(groups),
+            groups_skipped_no_variance=skipped,
+            trajectories=trajectories,
+            sequences=len(sequences),
+            sampled_tokens=sampled,
             total_tokens=sum(len(s.token_ids) for s in sequences),
-            loss=sum(losses) / len(losses), grad_norm=sum(norms) / len(norms),
-            clip_fraction=clipped / sampled, kl=kl / sampled, mean_ratio=ratio / sampled,
+            loss=sum(losses) / len(losses),
+            grad_norm=sum(norms) / len(norms),
+            clip_fraction=clipped / sampled,
+            kl=kl / sampled,
+            mean_ratio=ratio / sampled,
             seconds=time.perf_counter() - started,
-        )  # fmt: skip
+        )
 
     def _adapter_params(self) -> dict[str, torch.Tensor]:
         """peft's checkpoint key -> this rank's parameter (adapter name dropped, as saved)."""
@@ -206,8 +216,10 @@ class _RankTrainer:
         import torch.distributed as dist
 
         state = self.optimizer.state_dict()
-        whole = {index: {key: _full(value) for key, value in per_param.items()}
-                 for index, per_param in state["state"].items()}  # fmt: skip
+        whole = {
+            index: {key: _full(value) for key, value in per_param.items()}
+            for index, per_param in state["state"].items()
+        }
         if self.rank == 0:
             temp = folder / f".{OPTIMIZER_FILE}.tmp"
             torch.save({"state": whole, "param_groups": state["param_groups"]}, temp)
@@ -219,8 +231,10 @@ class _RankTrainer:
 
         adapter_file = folder / "adapter_model.safetensors"
         if not adapter_file.is_file():
-            raise CheckpointError(f"checkpoint {folder} has no adapter_model.safetensors; "
-                                  "fix: pass a folder written by save_adapter")  # fmt: skip
+            raise CheckpointError(
+                f"checkpoint {folder} has no adapter_model.safetensors; "
+                "fix: pass a folder written by save_adapter"
+            )
         weights = load_file(str(adapter_file))
         targets = self._adapter_params()
         if set(weights) != set(targets):
@@ -238,9 +252,13 @@ class _RankTrainer:
             return
         saved = torch.load(optimizer_file, map_location="cpu")
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        state = {index: {key: value if key == "step" else _shard_like(value, params[index])
-                         for key, value in per_param.items()}
-                 for index, per_param in saved["state"].items()}  # fmt: skip
+        state = {
+            index: {
+                key: value if key == "step" else _shard_like(value, params[index])
+                for key, value in per_param.items()
+            }
+            for index, per_param in saved["state"].items()
+        }
         self.optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
 
     def run(self, command: Mapping[str, Any]) -> dict[str, Any]:

@@ -73,12 +73,19 @@ class SFTStats:
         return {name: getattr(self, name) for name in self.__slots__}
 
 
-def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-            generation_prompt: bool) -> list[int]:  # fmt: skip
-    ids = tokenizer.apply_chat_template(template_messages(messages), tools=tools or None,
-                                        tokenize=True,
-                                        add_generation_prompt=generation_prompt,
-                                        return_dict=False)  # fmt: skip
+def _render(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    generation_prompt: bool,
+) -> list[int]:
+    ids = tokenizer.apply_chat_template(
+        template_messages(messages),
+        tools=tools or None,
+        tokenize=True,
+        add_generation_prompt=generation_prompt,
+        return_dict=False,
+    )
     if ids and isinstance(ids[0], list):
         ids = ids[0]
     return [int(i) for i in ids]
@@ -183,14 +190,20 @@ def _batches(sequences: Sequence[TrainSequence], config: SFTConfig) -> list[list
     return batches
 
 
-def sft_train(trainer: LoraTrainer, sequences: Sequence[TrainSequence], config: SFTConfig,
-              examples: int | None = None, progress: bool = False) -> SFTStats:  # fmt: skip
+def sft_train(
+    trainer: LoraTrainer,
+    sequences: Sequence[TrainSequence],
+    config: SFTConfig,
+    examples: int | None = None,
+    progress: bool = False,
+) -> SFTStats:
     """Run `config.epochs` over `sequences` with the trainer's model and optimizer."""
     started = time.perf_counter()
     trainable = [s for s in sequences if s.sampled_tokens > 0]
     if not trainable:
-        return SFTStats(False, examples or 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0,
-                        time.perf_counter() - started)  # fmt: skip
+        return SFTStats(
+            False, examples or 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, time.perf_counter() - started
+        )
     batches = _batches(trainable, config)
     bar = None
     if progress:
@@ -209,8 +222,9 @@ def sft_train(trainer: LoraTrainer, sequences: Sequence[TrainSequence], config: 
             batch_loss = 0.0
             for row in pack_sequences(batch, config.micro_batch_tokens):
                 logprobs_T = trainer.row_logprobs(row)
-                loss = sft_loss(logprobs_T, row.sampled_mask_T[1:].to(logprobs_T.device),
-                                normalizer)  # fmt: skip
+                loss = sft_loss(
+                    logprobs_T, row.sampled_mask_T[1:].to(logprobs_T.device), normalizer
+                )
                 loss.backward()
                 batch_loss += float(loss.detach())
             norms.append(float(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)))

@@ -36,18 +36,32 @@ IDEAL_TURNS = 3
 SEARCH_LIMIT = 3
 
 TOOLS: list[dict[str, Any]] = [
-    {"type": "function", "function": {
-        "name": "search_emails",
-        "description": "Full-text search over the mailbox; returns the best matching emails "
-                       "(id, sender, subject, date).",
-        "parameters": {"type": "object", "properties": {"query": {"type": "string"}},
-                       "required": ["query"]}}},
-    {"type": "function", "function": {
-        "name": "read_email",
-        "description": "Read one email by its id.",
-        "parameters": {"type": "object", "properties": {"id": {"type": "integer"}},
-                       "required": ["id"]}}},
-]  # fmt: skip
+    {
+        "type": "function",
+        "function": {
+            "name": "search_emails",
+            "description": "Full-text search over the mailbox; returns the best matching emails "
+            "(id, sender, subject, date).",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string"}},
+                "required": ["query"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "read_email",
+            "description": "Read one email by its id.",
+            "parameters": {
+                "type": "object",
+                "properties": {"id": {"type": "integer"}},
+                "required": ["id"],
+            },
+        },
+    },
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +73,7 @@ class Email:
     body: str
 
     def text(self) -> str:
-        return (f"From: {self.sender}\nDate: {self.date}\nSubject: {self.subject}\n\n"
-                f"{self.body}")  # fmt: skip
+        return f"From: {self.sender}\nDate: {self.date}\nSubject: {self.subject}\n\n{self.body}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,21 +91,37 @@ SHOPS = ("BookNook", "GadgetHub", "PlantPal", "ShoeBox", "ToyTown", "KitchenCo")
 FRIENDS = ("Maya", "Tom", "Priya", "Lukas", "Sofia", "Omar")
 SERVICES = ("dentist", "hairdresser", "vet", "mechanic", "optician", "physio")
 PLACES = ("office", "gym", "library", "studio", "cabin", "clubhouse")
-RESTAURANTS = ("Casa Lupo", "Blue Lotus", "The Anchor", "Golden Fork", "Olive Tree",
-               "Red Lantern", "Saffron House", "Little Havana")  # fmt: skip
+RESTAURANTS = (
+    "Casa Lupo",
+    "Blue Lotus",
+    "The Anchor",
+    "Golden Fork",
+    "Olive Tree",
+    "Red Lantern",
+    "Saffron House",
+    "Little Havana",
+)
 DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday")
-NEWS = ("Weekly digest", "Your monthly statement is ready", "New arrivals this week",
-        "Community newsletter", "Security tips for your account", "Event calendar")  # fmt: skip
+NEWS = (
+    "Weekly digest",
+    "Your monthly statement is ready",
+    "New arrivals this week",
+    "Community newsletter",
+    "Security tips for your account",
+    "Event calendar",
+)
 
 
 def _time(rng: random.Random) -> str:
     return f"{rng.randint(8, 18) % 12 or 12}:{rng.choice(('00', '15', '30', '45'))} " + (
-        "am" if rng.random() < 0.4 else "pm")
+        "am" if rng.random() < 0.4 else "pm"
+    )
 
 
 def _code(rng: random.Random, letters: int, digits: int) -> str:
     return "".join(rng.choice("ABCDEFGHJKLMNPRSTUVWXYZ") for _ in range(letters)) + "".join(
-        rng.choice("0123456789") for _ in range(digits))
+        rng.choice("0123456789") for _ in range(digits)
+    )
 
 
 def _fact(topic: str, entity: str, rng: random.Random) -> tuple[str, str, str, str, str]:
@@ -100,40 +129,72 @@ def _fact(topic: str, entity: str, rng: random.Random) -> tuple[str, str, str, s
     day = rng.choice(DAYS)
     if topic == "flight":
         gate = _code(rng, 1, 2)
-        return ("bookings@skyway.example", f"Your flight to {entity}",
-                f"Booking confirmed. Flight {_code(rng, 2, 3)} to {entity} leaves on {day} "
-                f"from gate {gate}.", f"What gate does my flight to {entity} leave from?", gate)
+        return (
+            "bookings@skyway.example",
+            f"Your flight to {entity}",
+            f"Booking confirmed. Flight {_code(rng, 2, 3)} to {entity} leaves on {day} "
+            f"from gate {gate}.",
+            f"What gate does my flight to {entity} leave from?",
+            gate,
+        )
     if topic == "invoice":
         amount = f"{rng.randint(40, 900)}.{rng.choice(('00', '50', '90'))}"
-        return (f"billing@{entity.lower()}.example", f"Invoice from {entity}",
-                f"Your invoice from {entity} is attached. The amount due is {amount} EUR, "
-                f"payable by {day}.", f"How much is the invoice from {entity}?", amount)
+        return (
+            f"billing@{entity.lower()}.example",
+            f"Invoice from {entity}",
+            f"Your invoice from {entity} is attached. The amount due is {amount} EUR, "
+            f"payable by {day}.",
+            f"How much is the invoice from {entity}?",
+            amount,
+        )
     if topic == "parcel":
         code = _code(rng, 2, 4)
-        return (f"shipping@{entity.lower()}.example", f"Your {entity} order has shipped",
-                f"Good news: your {entity} parcel is on its way. Tracking code: {code}. "
-                f"Expected delivery on {day}.",
-                f"What is the tracking code of my {entity} parcel?", code)
+        return (
+            f"shipping@{entity.lower()}.example",
+            f"Your {entity} order has shipped",
+            f"Good news: your {entity} parcel is on its way. Tracking code: {code}. "
+            f"Expected delivery on {day}.",
+            f"What is the tracking code of my {entity} parcel?",
+            code,
+        )
     if topic == "dinner":
         place = rng.choice(RESTAURANTS)
-        return (f"{entity.lower()}@mail.example", f"Dinner on {day}?",
-                f"Hi! How about dinner on {day}? I booked a table at {place}. {entity}",
-                f"Which restaurant did {entity} book for dinner?", place)
+        return (
+            f"{entity.lower()}@mail.example",
+            f"Dinner on {day}?",
+            f"Hi! How about dinner on {day}? I booked a table at {place}. {entity}",
+            f"Which restaurant did {entity} book for dinner?",
+            place,
+        )
     if topic == "appointment":
         time = _time(rng)
-        return (f"reception@{entity}.example", f"Your {entity} appointment",
-                f"This is a reminder of your {entity} appointment on {day} at {time}.",
-                f"What time is my {entity} appointment?", time)
+        return (
+            f"reception@{entity}.example",
+            f"Your {entity} appointment",
+            f"This is a reminder of your {entity} appointment on {day} at {time}.",
+            f"What time is my {entity} appointment?",
+            time,
+        )
     if topic == "password":
         word = f"{rng.choice(('maple', 'river', 'copper', 'violet', 'ember'))}{rng.randint(10, 99)}"
-        return ("admin@team.example", f"Wifi at the {entity}",
-                f"The guest wifi password at the {entity} is {word}. Please do not share it.",
-                f"What is the wifi password at the {entity}?", word)
+        return (
+            "admin@team.example",
+            f"Wifi at the {entity}",
+            f"The guest wifi password at the {entity} is {word}. Please do not share it.",
+            f"What is the wifi password at the {entity}?",
+            word,
+        )
     raise ValueError(f"topic {topic!r} is unknown")
 
 
-TOPICS = {"flight": CITIES, "invoice": COMPANIES, "parcel": SHOPS, "dinner": FRIENDS,
-          "appointment": SERVICES, "password": PLACES}  # fmt: skip
+TOPICS = {
+    "flight": CITIES,
+    "invoice": COMPANIES,
+    "parcel": SHOPS,
+    "dinner": FRIENDS,
+    "appointment": SERVICES,
+    "password": PLACES,
+}
 
 
 def generate(seed: int = 0) -> tuple[list[Email], list[Question]]:
@@ -145,9 +206,14 @@ def generate(seed: int = 0) -> tuple[list[Email], list[Question]]:
             sender, subject, body, question, answer = _fact(topic, entity, rng)
             drafts.append((sender, subject, body, (question, answer, f"{topic} {entity}")))
     for title in NEWS * 2:
-        drafts.append(("news@updates.example", title,
-                       f"{title}. Read the highlights on our website. Unsubscribe any time.",
-                       None))  # fmt: skip
+        drafts.append(
+            (
+                "news@updates.example",
+                title,
+                f"{title}. Read the highlights on our website. Unsubscribe any time.",
+                None,
+            )
+        )
     rng.shuffle(drafts)
     emails, questions = [], []
     for number, (sender, subject, body, qa) in enumerate(drafts, start=1):
@@ -178,12 +244,18 @@ class Mailbox:
         temp = path.with_name(f".tmp-{path.name}")
         temp.unlink(missing_ok=True)
         with sqlite3.connect(temp) as db:
-            db.execute("CREATE TABLE emails (id INTEGER PRIMARY KEY, sender TEXT, "
-                       "subject TEXT, date TEXT, body TEXT)")  # fmt: skip
-            db.execute("CREATE VIRTUAL TABLE emails_fts USING fts5(sender, subject, body, "
-                       "content='emails', content_rowid='id')")  # fmt: skip
-            db.executemany("INSERT INTO emails VALUES (?, ?, ?, ?, ?)",
-                           [(e.id, e.sender, e.subject, e.date, e.body) for e in emails])
+            db.execute(
+                "CREATE TABLE emails (id INTEGER PRIMARY KEY, sender TEXT, "
+                "subject TEXT, date TEXT, body TEXT)"
+            )
+            db.execute(
+                "CREATE VIRTUAL TABLE emails_fts USING fts5(sender, subject, body, "
+                "content='emails', content_rowid='id')"
+            )
+            db.executemany(
+                "INSERT INTO emails VALUES (?, ?, ?, ?, ?)",
+                [(e.id, e.sender, e.subject, e.date, e.body) for e in emails],
+            )
             db.execute("INSERT INTO emails_fts(emails_fts) VALUES ('rebuild')")
         db.close()
         temp.replace(path)  # atomic: a reader sees the whole mailbox or the old one
@@ -202,12 +274,15 @@ class Mailbox:
         rows = self.db.execute(
             "SELECT e.id, e.sender, e.subject, e.date, e.body FROM emails_fts "
             "JOIN emails e ON e.id = emails_fts.rowid WHERE emails_fts MATCH ? "
-            "ORDER BY bm25(emails_fts) LIMIT ?", (match, limit)).fetchall()  # fmt: skip
+            "ORDER BY bm25(emails_fts) LIMIT ?",
+            (match, limit),
+        ).fetchall()
         return [Email(*row) for row in rows]
 
     def read(self, email_id: int) -> Email | None:
-        row = self.db.execute("SELECT id, sender, subject, date, body FROM emails WHERE id = ?",
-                              (email_id,)).fetchone()  # fmt: skip
+        row = self.db.execute(
+            "SELECT id, sender, subject, date, body FROM emails WHERE id = ?", (email_id,)
+        ).fetchone()
         return Email(*row) if row else None
 
 

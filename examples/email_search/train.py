@@ -33,23 +33,42 @@ from gallery import loop
 
 from rlcoach.types import ChatRecord
 
-SYSTEM = ("You answer questions about the user's emails. Search the mailbox with "
-          "search_emails, read the best match with read_email, then answer in one short "
-          "sentence.")  # fmt: skip
+SYSTEM = (
+    "You answer questions about the user's emails. Search the mailbox with "
+    "search_emails, read the best match with read_email, then answer in one short "
+    "sentence."
+)
 
 
 def worked_example(mailbox: Mailbox, question: Question) -> list[dict]:
     """search -> read -> answer on `question`, with the mailbox's real tool results."""
     trace = Trace()
-    calls = [("search_emails", f'{{"query": "{question.keywords}"}}'),
-             ("read_email", f'{{"id": {question.email_id}}}')]  # fmt: skip
+    calls = [
+        ("search_emails", f'{{"query": "{question.keywords}"}}'),
+        ("read_email", f'{{"id": {question.email_id}}}'),
+    ]
     messages: list[dict] = [{"role": "user", "content": question.text}]
     for n, (name, arguments) in enumerate(calls):
-        messages.append({"role": "assistant", "content": None, "tool_calls": [
-            {"id": f"call_{n}", "type": "function",
-             "function": {"name": name, "arguments": arguments}}]})  # fmt: skip
-        messages.append({"role": "tool", "tool_call_id": f"call_{n}",
-                         "content": call_tool(mailbox, name, arguments, trace)})  # fmt: skip
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"call_{n}",
+                        "type": "function",
+                        "function": {"name": name, "arguments": arguments},
+                    }
+                ],
+            }
+        )
+        messages.append(
+            {
+                "role": "tool",
+                "tool_call_id": f"call_{n}",
+                "content": call_tool(mailbox, name, arguments, trace),
+            }
+        )
     assert question.email_id in trace.found, "the example's search must find its email"
     messages.append({"role": "assistant", "content": f"The answer is {question.answer}."})
     return messages
@@ -60,8 +79,11 @@ def make_expert(mailbox: Mailbox, example: list[dict]):
     answer on the question, with the mailbox's real tool results."""
 
     def expert(question: Question) -> ChatRecord:
-        messages = [{"role": "system", "content": SYSTEM}, *example,
-                    *worked_example(mailbox, question)]  # fmt: skip
+        messages = [
+            {"role": "system", "content": SYSTEM},
+            *example,
+            *worked_example(mailbox, question),
+        ]
         return ChatRecord(messages=messages, tools=TOOLS)
 
     return expert
@@ -72,12 +94,19 @@ def make_attempt(mailbox: Mailbox, example: list[dict], max_turns: int, max_toke
         trace = Trace()
         final_text, turns = None, 0
         async with model.rollout(email=question.email_id) as rollout:
-            messages = [{"role": "system", "content": SYSTEM}, *example,
-                        {"role": "user", "content": question.text}]  # fmt: skip
+            messages = [
+                {"role": "system", "content": SYSTEM},
+                *example,
+                {"role": "user", "content": question.text},
+            ]
             for _ in range(max_turns):
                 reply = await client.chat.completions.create(
-                    model=model.served_name, messages=messages, tools=TOOLS,
-                    max_tokens=max_tokens, temperature=1.0)  # fmt: skip
+                    model=model.served_name,
+                    messages=messages,
+                    tools=TOOLS,
+                    max_tokens=max_tokens,
+                    temperature=1.0,
+                )
                 turns += 1
                 message = reply.choices[0].message
                 messages.append(message.model_dump(exclude_none=True))
@@ -85,8 +114,7 @@ def make_attempt(mailbox: Mailbox, example: list[dict], max_turns: int, max_toke
                     final_text = message.content
                     break
                 for call in message.tool_calls:
-                    result = call_tool(mailbox, call.function.name, call.function.arguments,
-                                       trace)  # fmt: skip
+                    result = call_tool(mailbox, call.function.name, call.function.arguments, trace)
                     messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
             rollout.reward = tiered_reward(question, trace, final_text, turns)
             right = answer_right(question, final_text)
@@ -101,24 +129,38 @@ def make_attempt(mailbox: Mailbox, example: list[dict], max_turns: int, max_toke
 
 
 def main() -> None:
-    parser = loop.parser(__doc__.splitlines()[0], steps=4, tasks_per_step=3, group_size=4,
-                         eval_tasks=12, eval_samples=2, warmup_examples=23)  # fmt: skip
+    parser = loop.parser(
+        __doc__.splitlines()[0],
+        steps=4,
+        tasks_per_step=3,
+        group_size=4,
+        eval_tasks=12,
+        eval_samples=2,
+        warmup_examples=23,
+    )
     parser.add_argument("--max-turns", type=int, default=4, help="policy calls per question")
     parser.add_argument("--max-tokens", type=int, default=48, help="tokens per policy call")
     args = parser.parse_args()
     emails, questions = generate(args.seed)
-    mailbox = Mailbox.create(Path(args.root) / "email-search" / f"mailbox-{args.seed}.sqlite3",
-                             emails)  # fmt: skip
+    mailbox = Mailbox.create(
+        Path(args.root) / "email-search" / f"mailbox-{args.seed}.sqlite3", emails
+    )
     example_question, *rest = questions
     random.Random(args.seed).shuffle(rest)
     held_out, training = rest[: args.eval_tasks], rest[args.eval_tasks :]
     example = worked_example(mailbox, example_question)
     try:
-        asyncio.run(loop.run(
-            args, name="email-search", title="Email search over an FTS5 mailbox (GRPO)",
-            attempt=make_attempt(mailbox, example, args.max_turns, args.max_tokens),
-            training=training, held_out=held_out,
-            expert=make_expert(mailbox, example)))  # fmt: skip
+        asyncio.run(
+            loop.run(
+                args,
+                name="email-search",
+                title="Email search over an FTS5 mailbox (GRPO)",
+                attempt=make_attempt(mailbox, example, args.max_turns, args.max_tokens),
+                training=training,
+                held_out=held_out,
+                expert=make_expert(mailbox, example),
+            )
+        )
     finally:
         mailbox.close()
 

@@ -43,42 +43,69 @@ Attempt = Callable[[TrainableModel, Any, Any], Awaitable[Any]]
 """One rollout: (model, OpenAI client, instance) -> a scored `Trajectory`."""
 
 
-def parser(description: str, *, steps: int, tasks_per_step: int, group_size: int,
-           eval_tasks: int, eval_samples: int = 2, learning_rate: float = 1e-3,
-           warmup_examples: int | None = None) -> argparse.ArgumentParser:  # fmt: skip
+def parser(
+    description: str,
+    *,
+    steps: int,
+    tasks_per_step: int,
+    group_size: int,
+    eval_tasks: int,
+    eval_samples: int = 2,
+    learning_rate: float = 1e-3,
+    warmup_examples: int | None = None,
+) -> argparse.ArgumentParser:
     """The flags every gallery example takes; the defaults are the example's CPU budget.
     `warmup_examples` (examples with an expert only) adds the SFT warm-up's flags."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--steps", type=int, default=steps, help="GRPO steps")
-    p.add_argument("--tasks-per-step", type=int, default=tasks_per_step,
-                   help="training instances per step (one group each)")
-    p.add_argument("--group-size", type=int, default=group_size,
-                   help="attempts per instance (GRPO's group)")
-    p.add_argument("--eval-tasks", type=int, default=eval_tasks,
-                   help="held-out instances evaluated before and after training")
-    p.add_argument("--eval-samples", type=int, default=eval_samples,
-                   help="attempts per held-out instance")
+    p.add_argument(
+        "--tasks-per-step",
+        type=int,
+        default=tasks_per_step,
+        help="training instances per step (one group each)",
+    )
+    p.add_argument(
+        "--group-size", type=int, default=group_size, help="attempts per instance (GRPO's group)"
+    )
+    p.add_argument(
+        "--eval-tasks",
+        type=int,
+        default=eval_tasks,
+        help="held-out instances evaluated before and after training",
+    )
+    p.add_argument(
+        "--eval-samples", type=int, default=eval_samples, help="attempts per held-out instance"
+    )
     p.add_argument("--learning-rate", type=float, default=learning_rate)
-    p.add_argument("--base-model", default=BUNDLED_MODEL,
-                   help="base model (a local safetensors folder on a GPU box)")
+    p.add_argument(
+        "--base-model",
+        default=BUNDLED_MODEL,
+        help="base model (a local safetensors folder on a GPU box)",
+    )
     p.add_argument("--engine", default="vllm", choices=["vllm", "transformers"])
     p.add_argument("--root", default=".rlcoach", help="where runs are written")
     p.add_argument("--seed", type=int, default=0)
     if warmup_examples is not None:
-        p.add_argument("--warmup-examples", type=int, default=warmup_examples,
-                       help="SFT demonstrations before RL (0: RL alone)")
+        p.add_argument(
+            "--warmup-examples",
+            type=int,
+            default=warmup_examples,
+            help="SFT demonstrations before RL (0: RL alone)",
+        )
         p.add_argument("--warmup-epochs", type=int, default=2)
         p.add_argument("--warmup-learning-rate", type=float, default=1e-3)
-    return p  # fmt: skip
+    return p
 
 
-async def _evaluate(model: TrainableModel, client: Any, attempt: Attempt,
-                    instances: Sequence[Any], samples: int) -> tuple[float, float]:  # fmt: skip
+async def _evaluate(
+    model: TrainableModel, client: Any, attempt: Attempt, instances: Sequence[Any], samples: int
+) -> tuple[float, float]:
     """(mean reward, success rate) of the served step; failed rollouts count as 0."""
     groups = await gather_trajectory_groups(
         ([attempt(model, client, x) for _ in range(samples)] for x in instances),
-        description=f"eval {model.served_name}", max_failure_fraction=0.2,
-    )  # fmt: skip
+        description=f"eval {model.served_name}",
+        max_failure_fraction=0.2,
+    )
     trajectories = [t for g in groups for t in g.trajectories]
     count = len(trajectories) + sum(len(g.failures) for g in groups)
     reward = sum(t.reward for t in trajectories) / max(count, 1)
@@ -86,9 +113,15 @@ async def _evaluate(model: TrainableModel, client: Any, attempt: Attempt,
     return reward, success
 
 
-def plot(path: Path, title: str, rewards: list[float], successes: list[float],
-         before: tuple[float, float], after: tuple[float, float],
-         warmed: tuple[float, float] | None = None) -> Path:  # fmt: skip
+def plot(
+    path: Path,
+    title: str,
+    rewards: list[float],
+    successes: list[float],
+    before: tuple[float, float],
+    after: tuple[float, float],
+    warmed: tuple[float, float] | None = None,
+) -> Path:
     """The reward curve of the training rollouts, with held-out before/after lines."""
     import matplotlib
 
@@ -99,13 +132,19 @@ def plot(path: Path, title: str, rewards: list[float], successes: list[float],
     steps = list(range(1, len(rewards) + 1))
     axes.plot(steps, rewards, marker="o", label="mean reward (training rollouts)")
     axes.plot(steps, successes, marker=".", label="success (training rollouts)")
-    axes.axhline(before[0], color="grey", linestyle=":",
-                 label=f"held-out reward before {before[0]:.2f}")
+    axes.axhline(
+        before[0], color="grey", linestyle=":", label=f"held-out reward before {before[0]:.2f}"
+    )
     if warmed is not None:
-        axes.axhline(warmed[0], color="orange", linestyle="-.",
-                     label=f"held-out reward after the SFT warm-up {warmed[0]:.2f}")
-    axes.axhline(after[0], color="green", linestyle="--",
-                 label=f"held-out reward after {after[0]:.2f}")  # fmt: skip
+        axes.axhline(
+            warmed[0],
+            color="orange",
+            linestyle="-.",
+            label=f"held-out reward after the SFT warm-up {warmed[0]:.2f}",
+        )
+    axes.axhline(
+        after[0], color="green", linestyle="--", label=f"held-out reward after {after[0]:.2f}"
+    )
     axes.set_xlabel("step")
     axes.set_ylim(0, 1)
     axes.legend(fontsize=7, loc="upper left")
@@ -119,81 +158,119 @@ def plot(path: Path, title: str, rewards: list[float], successes: list[float],
     return path
 
 
-async def _warm_up(model: TrainableModel, args: argparse.Namespace,
-                   expert: Callable[[Any], ChatRecord], training: Sequence[Any]) -> None:
+async def _warm_up(
+    model: TrainableModel,
+    args: argparse.Namespace,
+    expert: Callable[[Any], ChatRecord],
+    training: Sequence[Any],
+) -> None:
     """One SFT step on `args.warmup_examples` demonstrations (training instances, cycled)."""
     instances = itertools.islice(itertools.cycle(training), args.warmup_examples)
     records = [expert(x) for x in instances]
-    result = await model.train_sft(records, {"epochs": args.warmup_epochs,
-                                             "learning_rate": args.warmup_learning_rate,
-                                             "seed": args.seed}, progress=True)  # fmt: skip
+    result = await model.train_sft(
+        records,
+        {
+            "epochs": args.warmup_epochs,
+            "learning_rate": args.warmup_learning_rate,
+            "seed": args.seed,
+        },
+        progress=True,
+    )
     s = result.stats
-    print(f"SFT warm-up: {s.examples} demonstrations x {args.warmup_epochs} epochs, loss "
-          f"{s.loss_first:.3f} -> {s.loss_last:.3f}, {s.seconds:.1f}s, "
-          f"serving {model.served_name}", flush=True)  # fmt: skip
+    print(
+        f"SFT warm-up: {s.examples} demonstrations x {args.warmup_epochs} epochs, loss "
+        f"{s.loss_first:.3f} -> {s.loss_last:.3f}, {s.seconds:.1f}s, "
+        f"serving {model.served_name}",
+        flush=True,
+    )
 
 
-async def run(args: argparse.Namespace, *, name: str, title: str, attempt: Attempt,
-              training: Sequence[Any], held_out: Sequence[Any],
-              expert: Callable[[Any], ChatRecord] | None = None) -> dict[str, float]:  # fmt: skip
+async def run(
+    args: argparse.Namespace,
+    *,
+    name: str,
+    title: str,
+    attempt: Attempt,
+    training: Sequence[Any],
+    held_out: Sequence[Any],
+    expert: Callable[[Any], ChatRecord] | None = None,
+) -> dict[str, float]:
     """Evaluate, (warm up,) train `args.steps` steps, evaluate again; returns the numbers."""
     started = time.perf_counter()
-    model = TrainableModel(f"{name}-{time.strftime('%Y%m%d-%H%M%S')}", "examples",
-                           base_model=args.base_model,
-                           config={"learning_rate": args.learning_rate, "seed": args.seed})
+    model = TrainableModel(
+        f"{name}-{time.strftime('%Y%m%d-%H%M%S')}",
+        "examples",
+        base_model=args.base_model,
+        config={"learning_rate": args.learning_rate, "seed": args.seed},
+    )
     held_out = list(held_out)[: args.eval_tasks]
     async with LocalBackend(args.root, engine={"kind": args.engine}) as backend:
         await model.register(backend)
         client = model.openai_client()
         before = await _evaluate(model, client, attempt, held_out, args.eval_samples)
-        print(f"held-out before training: reward {before[0]:.3f}  success {before[1]:.3f}  "
-              f"({len(held_out)} instances x {args.eval_samples})", flush=True)
+        print(
+            f"held-out before training: reward {before[0]:.3f}  success {before[1]:.3f}  "
+            f"({len(held_out)} instances x {args.eval_samples})",
+            flush=True,
+        )
         warmed = None
         if getattr(args, "warmup_examples", 0) > 0:
             assert expert is not None, "--warmup-examples needs the example's expert"
             await _warm_up(model, args, expert, training)
             warmed = await _evaluate(model, client, attempt, held_out, args.eval_samples)
-            print(f"held-out after the SFT warm-up: reward {warmed[0]:.3f}  "
-                  f"success {warmed[1]:.3f}", flush=True)  # fmt: skip
+            print(
+                f"held-out after the SFT warm-up: reward {warmed[0]:.3f}  success {warmed[1]:.3f}",
+                flush=True,
+            )
         rewards: list[float] = []
         successes: list[float] = []
-        for batch in iterate_dataset(list(training), args.tasks_per_step, epochs=1000,
-                                     seed=args.seed):  # fmt: skip
+        for batch in iterate_dataset(
+            list(training), args.tasks_per_step, epochs=1000, seed=args.seed
+        ):
             if batch.step >= args.steps:
                 break
             gathered = time.perf_counter()
             groups = await gather_trajectory_groups(
-                ([attempt(model, client, x) for _ in range(args.group_size)]
-                 for x in batch.items),
+                ([attempt(model, client, x) for _ in range(args.group_size)] for x in batch.items),
                 description=f"step {batch.step + 1}/{args.steps} rollouts",
-            )  # fmt: skip
+            )
             seconds = time.perf_counter() - gathered
             trajectories = [t for g in groups for t in g.trajectories]
             reward = sum(t.reward for t in trajectories) / max(len(trajectories), 1)
             success = sum(t.metrics.get("success", 0.0) for t in trajectories) / max(
-                len(trajectories), 1)
+                len(trajectories), 1
+            )
             rewards.append(reward)
             successes.append(success)
             result = await model.train(groups)
             s = result.stats
-            done = (f"trained: loss {s.loss:+.4f}  tokens {s.sampled_tokens}/{s.total_tokens}  "
-                    f"train {s.seconds:.1f}s" if s.trained
-                    else "skipped: every group had equal rewards")  # fmt: skip
+            done = (
+                f"trained: loss {s.loss:+.4f}  tokens {s.sampled_tokens}/{s.total_tokens}  "
+                f"train {s.seconds:.1f}s"
+                if s.trained
+                else "skipped: every group had equal rewards"
+            )
             failed = sum(len(g.failures) for g in groups)
-            print(f"step {batch.step + 1}: reward {reward:.3f}  success {success:.3f}  "
-                  f"failed {failed}  rollouts {seconds:.1f}s  {done}  "
-                  f"serving {model.served_name}", flush=True)  # fmt: skip
+            print(
+                f"step {batch.step + 1}: reward {reward:.3f}  success {success:.3f}  "
+                f"failed {failed}  rollouts {seconds:.1f}s  {done}  "
+                f"serving {model.served_name}",
+                flush=True,
+            )
         after = await _evaluate(model, client, attempt, held_out, args.eval_samples)
-        print(f"held-out after training: reward {after[0]:.3f}  success {after[1]:.3f}",
-              flush=True)  # fmt: skip
+        print(f"held-out after training: reward {after[0]:.3f}  success {after[1]:.3f}", flush=True)
         paths = backend.paths(model)
-        curve = plot(paths.dir / "reward_curve.png", title, rewards, successes, before, after,
-                     warmed)  # fmt: skip
+        curve = plot(
+            paths.dir / "reward_curve.png", title, rewards, successes, before, after, warmed
+        )
         numbers = {"reward_before": before[0], "success_before": before[1]}
         if warmed is not None:
             numbers |= {"reward_warmup": warmed[0], "success_warmup": warmed[1]}
-        numbers |= {"reward_after": after[0], "success_after": after[1],
-                    "minutes": (time.perf_counter() - started) / 60}  # fmt: skip
+        numbers |= {
+            "reward_after": after[0],
+            "success_after": after[1],
+            "minutes": (time.perf_counter() - started) / 60,
+        }
         append_jsonl(paths.metrics, {"event": "gallery", "example": name, **numbers})
     print(f"reward curve: {curve}")
     print("result: " + " ".join(f"{k}={v:.3f}" for k, v in numbers.items()), flush=True)

@@ -23,9 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gallery import loop
 from game_2048.env import Episode, Start, greedy_score, legal_moves, parse_direction, render, reward
 
-SYSTEM = ("You play 2048. All tiles slide in the direction you choose, and two equal "
-          "tiles that meet merge into one tile of their sum. Merge as many tiles as you can. "
-          "Answer with one word: left, right, up or down.")  # fmt: skip
+SYSTEM = (
+    "You play 2048. All tiles slide in the direction you choose, and two equal "
+    "tiles that meet merge into one tile of their sum. Merge as many tiles as you can. "
+    "Answer with one word: left, right, up or down."
+)
 
 
 def _turn(grid) -> str:
@@ -34,8 +36,10 @@ def _turn(grid) -> str:
 
 
 EXAMPLE_BOARD = ((2, 2, 0, 0), (0, 4, 0, 0), (0, 0, 0, 0), (0, 0, 0, 2))
-EXAMPLE = [{"role": "user", "content": _turn(EXAMPLE_BOARD)},
-           {"role": "assistant", "content": "left"}]  # fmt: skip
+EXAMPLE = [
+    {"role": "user", "content": _turn(EXAMPLE_BOARD)},
+    {"role": "assistant", "content": "left"},
+]
 
 
 def make_attempt(moves: int, max_tokens: int):
@@ -46,12 +50,18 @@ def make_attempt(moves: int, max_tokens: int):
     async def attempt(model, client, start: Start):
         episode = Episode(start)
         async with model.rollout(seed=start.seed) as rollout:
-            messages = [{"role": "system", "content": SYSTEM}, *EXAMPLE,
-                        {"role": "user", "content": _turn(episode.grid)}]  # fmt: skip
+            messages = [
+                {"role": "system", "content": SYSTEM},
+                *EXAMPLE,
+                {"role": "user", "content": _turn(episode.grid)},
+            ]
             for turn in range(moves):
                 reply = await client.chat.completions.create(
-                    model=model.served_name, messages=messages, max_tokens=max_tokens,
-                    temperature=1.0)  # fmt: skip
+                    model=model.served_name,
+                    messages=messages,
+                    max_tokens=max_tokens,
+                    temperature=1.0,
+                )
                 text = reply.choices[0].message.content or ""
                 direction = parse_direction(text)
                 episode.play(direction)
@@ -71,16 +81,27 @@ def make_attempt(moves: int, max_tokens: int):
 
 
 def main() -> None:
-    parser = loop.parser(__doc__.splitlines()[0], steps=6, tasks_per_step=3, group_size=4,
-                         eval_tasks=16, eval_samples=2)  # fmt: skip
+    parser = loop.parser(
+        __doc__.splitlines()[0],
+        steps=6,
+        tasks_per_step=3,
+        group_size=4,
+        eval_tasks=16,
+        eval_samples=2,
+    )
     parser.add_argument("--moves", type=int, default=4, help="turns per episode")
     parser.add_argument("--max-tokens", type=int, default=4, help="tokens per move")
     args = parser.parse_args()
-    asyncio.run(loop.run(
-        args, name="game-2048", title=f"2048, {args.moves} moves from mid-game (GRPO)",
-        attempt=make_attempt(args.moves, args.max_tokens),
-        training=[Start(s) for s in range(args.seed * 1000, args.seed * 1000 + 500)],
-        held_out=[Start(s) for s in range(100_000, 100_000 + args.eval_tasks)]))  # fmt: skip
+    asyncio.run(
+        loop.run(
+            args,
+            name="game-2048",
+            title=f"2048, {args.moves} moves from mid-game (GRPO)",
+            attempt=make_attempt(args.moves, args.max_tokens),
+            training=[Start(s) for s in range(args.seed * 1000, args.seed * 1000 + 500)],
+            held_out=[Start(s) for s in range(100_000, 100_000 + args.eval_tasks)],
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -61,15 +61,20 @@ async def attempt(model: TrainableModel, a: int, b: int, max_tokens: int) -> Tra
 
 async def evaluate(model: TrainableModel, pairs: list[tuple[int, int]], args) -> dict[str, float]:
     groups = await gather_trajectory_groups(
-        ([attempt(model, a, b, args.max_tokens) for _ in range(args.eval_samples)]
-         for a, b in pairs),
-        description=f"eval {model.served_name}", max_failure_fraction=0.2,
-    )  # fmt: skip
+        (
+            [attempt(model, a, b, args.max_tokens) for _ in range(args.eval_samples)]
+            for a, b in pairs
+        ),
+        description=f"eval {model.served_name}",
+        max_failure_fraction=0.2,
+    )
     done = [t for g in groups for t in g.trajectories]
     failed = sum(len(g.failures) for g in groups)
     count = len(done) + failed
-    return {"reward": sum(t.reward for t in done) / count,
-            "exact": sum(t.metrics["exact"] for t in done) / count}  # fmt: skip
+    return {
+        "reward": sum(t.reward for t in done) / count,
+        "exact": sum(t.metrics["exact"] for t in done) / count,
+    }
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -85,29 +90,38 @@ async def main(args: argparse.Namespace) -> None:
         scores = {"base": await evaluate(model, held_out, args)}
         print(f"held-out, base model: {scores['base']}", flush=True)
 
-        records = [ChatRecord(messages=[*question(a, b), {"role": "assistant",
-                                                          "content": str(a + b)}])
-                   for a, b in demos]  # fmt: skip
-        sft = await model.train_sft(records, {"epochs": args.sft_epochs,
-                                              "learning_rate": args.sft_learning_rate})  # fmt: skip
-        print(f"SFT: {sft.stats.examples} examples, loss {sft.stats.loss_first:.3f} -> "
-              f"{sft.stats.loss_last:.3f}, serving {model.served_name}", flush=True)  # fmt: skip
+        records = [
+            ChatRecord(messages=[*question(a, b), {"role": "assistant", "content": str(a + b)}])
+            for a, b in demos
+        ]
+        sft = await model.train_sft(
+            records, {"epochs": args.sft_epochs, "learning_rate": args.sft_learning_rate}
+        )
+        print(
+            f"SFT: {sft.stats.examples} examples, loss {sft.stats.loss_first:.3f} -> "
+            f"{sft.stats.loss_last:.3f}, serving {model.served_name}",
+            flush=True,
+        )
         scores["sft"] = await evaluate(model, held_out, args)
         print(f"held-out, after SFT: {scores['sft']}", flush=True)
 
         for step in range(args.steps):
-            batch = [rl_pairs[(step * args.per_step + i) % len(rl_pairs)]
-                     for i in range(args.per_step)]  # fmt: skip
+            batch = [
+                rl_pairs[(step * args.per_step + i) % len(rl_pairs)] for i in range(args.per_step)
+            ]
             groups = await gather_trajectory_groups(
-                ([attempt(model, a, b, args.max_tokens) for _ in range(args.group_size)]
-                 for a, b in batch),
+                (
+                    [attempt(model, a, b, args.max_tokens) for _ in range(args.group_size)]
+                    for a, b in batch
+                ),
                 description=f"RL step {step + 1}",
-            )  # fmt: skip
+            )
             rewards = [t.reward for g in groups for t in g.trajectories]
             result = await model.train(groups)
             state = f"serving {model.served_name}" if result.stats.trained else "no variance"
-            print(f"RL step {step + 1}: reward {sum(rewards) / len(rewards):.3f}  {state}",
-                  flush=True)  # fmt: skip
+            print(
+                f"RL step {step + 1}: reward {sum(rewards) / len(rewards):.3f}  {state}", flush=True
+            )
         scores["sft+rl"] = await evaluate(model, held_out, args)
         print(f"held-out, after SFT + RL: {scores['sft+rl']}", flush=True)
     minutes = (time.perf_counter() - started) / 60

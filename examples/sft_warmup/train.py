@@ -28,21 +28,37 @@ from rlcoach.types import ChatRecord, Trajectory
 
 
 def prompt(question: Question) -> list[dict]:
-    return [{"role": "system", "content": SYSTEM},
-            {"role": "user", "content": f"What is {question.a} + {question.b}?"}]  # fmt: skip
+    return [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": f"What is {question.a} + {question.b}?"},
+    ]
 
 
 def expert(question: Question, index: int) -> ChatRecord:
     """A scripted demonstration: the call, the tool's answer, the stated sum."""
     call_id = f"call_{index}"
-    return ChatRecord(messages=[
-        *prompt(question),
-        {"role": "assistant", "content": None, "tool_calls": [{
-            "id": call_id, "type": "function", "function": {
-                "name": "add", "arguments": json.dumps({"a": question.a, "b": question.b})}}]},
-        {"role": "tool", "tool_call_id": call_id, "content": str(question.answer)},
-        {"role": "assistant", "content": f"{question.a} + {question.b} = {question.answer}"},
-    ], tools=[ADD_TOOL])  # fmt: skip
+    return ChatRecord(
+        messages=[
+            *prompt(question),
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {
+                            "name": "add",
+                            "arguments": json.dumps({"a": question.a, "b": question.b}),
+                        },
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": call_id, "content": str(question.answer)},
+            {"role": "assistant", "content": f"{question.a} + {question.b} = {question.answer}"},
+        ],
+        tools=[ADD_TOOL],
+    )
 
 
 async def attempt(model: TrainableModel, question: Question) -> Trajectory:
@@ -50,7 +66,8 @@ async def attempt(model: TrainableModel, question: Question) -> Trajectory:
     async with model.rollout(a=question.a, b=question.b) as rollout:
         messages = prompt(question)
         reply = await client.chat.completions.create(
-            model=model.served_name, messages=messages, tools=[ADD_TOOL], max_tokens=48)
+            model=model.served_name, messages=messages, tools=[ADD_TOOL], max_tokens=48
+        )
         message = reply.choices[0].message
         arguments, final_text = None, None
         if message.tool_calls and message.tool_calls[0].function.name == "add":
@@ -61,10 +78,13 @@ async def attempt(model: TrainableModel, question: Question) -> Trajectory:
             except (ValueError, TypeError, KeyError):
                 arguments = arguments if isinstance(arguments, dict) else {}
                 result = "error: expected integers a and b"
-            messages += [message.model_dump(exclude_none=True),
-                         {"role": "tool", "tool_call_id": call.id, "content": result}]  # fmt: skip
+            messages += [
+                message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": call.id, "content": result},
+            ]
             follow_up = await client.chat.completions.create(
-                model=model.served_name, messages=messages, tools=[ADD_TOOL], max_tokens=48)
+                model=model.served_name, messages=messages, tools=[ADD_TOOL], max_tokens=48
+            )
             final_text = follow_up.choices[0].message.content
         rollout.reward = score(question, arguments, final_text)
         rollout.metrics["success"] = float(rollout.reward == 1.0)
@@ -74,21 +94,27 @@ async def attempt(model: TrainableModel, question: Question) -> Trajectory:
 async def success_rate(model: TrainableModel, questions: list[Question], samples: int) -> float:
     groups = await gather_trajectory_groups(
         ([attempt(model, q) for _ in range(samples)] for q in questions),
-        description=f"eval {model.served_name}", max_failure_fraction=0.2)  # fmt: skip
+        description=f"eval {model.served_name}",
+        max_failure_fraction=0.2,
+    )
     outcomes = [t.metrics["success"] for g in groups for t in g.trajectories]
     outcomes += [0.0 for g in groups for _ in g.failures]
     return sum(outcomes) / len(outcomes)
 
 
-async def rl(model: TrainableModel, questions: list[Question], args: argparse.Namespace,
-             label: str) -> list[float]:  # fmt: skip
+async def rl(
+    model: TrainableModel, questions: list[Question], args: argparse.Namespace, label: str
+) -> list[float]:
     rewards = []
     for step in range(args.steps):
-        batch = [questions[(step * args.questions_per_step + i) % len(questions)]
-                 for i in range(args.questions_per_step)]  # fmt: skip
+        batch = [
+            questions[(step * args.questions_per_step + i) % len(questions)]
+            for i in range(args.questions_per_step)
+        ]
         groups = await gather_trajectory_groups(
             ([attempt(model, q) for _ in range(args.group_size)] for q in batch),
-            description=f"{label} step {step + 1}")  # fmt: skip
+            description=f"{label} step {step + 1}",
+        )
         trajectories = [t for g in groups for t in g.trajectories]
         reward = sum(t.reward for t in trajectories) / max(len(trajectories), 1)
         result = await model.train(groups)
@@ -138,11 +164,15 @@ async def main(args: argparse.Namespace) -> None:
         after_rl = await success_rate(rl_only, held_out, args.eval_samples)
         print(f"held-out success, RL only: {after_rl:.3f}", flush=True)
 
-        sft = await warmed.train_sft(demonstrations, {"epochs": args.sft_epochs,
-                                                      "learning_rate": args.sft_learning_rate})
+        sft = await warmed.train_sft(
+            demonstrations, {"epochs": args.sft_epochs, "learning_rate": args.sft_learning_rate}
+        )
         s = sft.stats
-        print(f"SFT warm-up: {s.examples} demonstrations, loss {s.loss_first:.3f} -> "
-              f"{s.loss_last:.3f}, serving {warmed.served_name}", flush=True)  # fmt: skip
+        print(
+            f"SFT warm-up: {s.examples} demonstrations, loss {s.loss_first:.3f} -> "
+            f"{s.loss_last:.3f}, serving {warmed.served_name}",
+            flush=True,
+        )
         after_sft = await success_rate(warmed, held_out, args.eval_samples)
         print(f"held-out success, after SFT: {after_sft:.3f}", flush=True)
         sft_curve = await rl(warmed, rl_questions, args, "SFT + RL")
@@ -151,8 +181,10 @@ async def main(args: argparse.Namespace) -> None:
         figure = backend.paths(warmed).dir.parent / "sft_warmup.png"
         plot(figure, {"RL only": rl_curve, "SFT warm-up + RL": sft_curve})
     print(f"reward curves: {figure}")
-    print(f"result: base={base:.3f} rl_only={after_rl:.3f} sft={after_sft:.3f} "
-          f"sft_rl={after_both:.3f} minutes={(time.perf_counter() - started) / 60:.1f}")
+    print(
+        f"result: base={base:.3f} rl_only={after_rl:.3f} sft={after_sft:.3f} "
+        f"sft_rl={after_both:.3f} minutes={(time.perf_counter() - started) / 60:.1f}"
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -78,20 +78,26 @@ class Puzzle:
 
     def text(self) -> str:
         clues = "\n".join(f"{i}. {c.text(self.times)}" for i, c in enumerate(self.clues, 1))
-        return (f"Someone took {self.item}. The thief was in that room at that time.\n"
-                f"Suspects: {', '.join(self.suspects)}. Rooms: {', '.join(self.rooms)}. "
-                f"Times: {', '.join(self.times)}.\nClues:\n{clues}\n"
-                "Who did it, where and when?")  # fmt: skip
+        return (
+            f"Someone took {self.item}. The thief was in that room at that time.\n"
+            f"Suspects: {', '.join(self.suspects)}. Rooms: {', '.join(self.rooms)}. "
+            f"Times: {', '.join(self.times)}.\nClues:\n{clues}\n"
+            "Who did it, where and when?"
+        )
 
 
 def solve(suspects, rooms, times, clues) -> list[Candidate]:
     """Every (who, where, when) that all the clues allow."""
-    return [c for c in itertools.product(suspects, rooms, times)
-            if all(clue.allows(c, tuple(times)) for clue in clues)]  # fmt: skip
+    return [
+        c
+        for c in itertools.product(suspects, rooms, times)
+        if all(clue.allows(c, tuple(times)) for clue in clues)
+    ]
 
 
-def _true_clues(solution: Candidate, timeline: dict[tuple[str, str], str],
-                suspects, rooms, times) -> list[Clue]:  # fmt: skip
+def _true_clues(
+    solution: Candidate, timeline: dict[tuple[str, str], str], suspects, rooms, times
+) -> list[Clue]:
     who, where, when = solution
     pool = [Clue("not_who", who=s) for s in suspects if s != who]
     pool += [Clue("not_where", where=r) for r in rooms if r != where]

@@ -23,8 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gallery import loop
 from temporal_clue.puzzles import Puzzle, make_puzzle, parse_answer, score
 
-SYSTEM = ("You solve logic puzzles. Use every clue to rule suspects, rooms and times out. "
-          "End with three lines: Who: <suspect>, Where: <room>, When: <time>.")  # fmt: skip
+SYSTEM = (
+    "You solve logic puzzles. Use every clue to rule suspects, rooms and times out. "
+    "End with three lines: Who: <suspect>, Where: <room>, When: <time>."
+)
 
 
 def _answer(puzzle: Puzzle) -> str:
@@ -34,8 +36,10 @@ def _answer(puzzle: Puzzle) -> str:
 
 def _example(size: int) -> list[dict]:
     worked = make_puzzle(-1, size)  # negative seeds are never training or held-out puzzles
-    return [{"role": "user", "content": worked.text()},
-            {"role": "assistant", "content": _answer(worked)}]  # fmt: skip
+    return [
+        {"role": "user", "content": worked.text()},
+        {"role": "assistant", "content": _answer(worked)},
+    ]
 
 
 def make_attempt(size: int, max_tokens: int):
@@ -44,9 +48,15 @@ def make_attempt(size: int, max_tokens: int):
     async def attempt(model, client, puzzle: Puzzle):
         async with model.rollout(seed=puzzle.seed) as rollout:
             reply = await client.chat.completions.create(
-                model=model.served_name, max_tokens=max_tokens, temperature=1.0,
-                messages=[{"role": "system", "content": SYSTEM}, *example,
-                          {"role": "user", "content": puzzle.text()}])  # fmt: skip
+                model=model.served_name,
+                max_tokens=max_tokens,
+                temperature=1.0,
+                messages=[
+                    {"role": "system", "content": SYSTEM},
+                    *example,
+                    {"role": "user", "content": puzzle.text()},
+                ],
+            )
             answer = parse_answer(reply.choices[0].message.content, puzzle)
             rollout.reward = score(answer, puzzle)
             rollout.metrics["success"] = float(rollout.reward == 1.0)
@@ -58,18 +68,28 @@ def make_attempt(size: int, max_tokens: int):
 
 
 def main() -> None:
-    parser = loop.parser(__doc__.splitlines()[0], steps=6, tasks_per_step=3, group_size=6,
-                         eval_tasks=24, eval_samples=2)  # fmt: skip
+    parser = loop.parser(
+        __doc__.splitlines()[0],
+        steps=6,
+        tasks_per_step=3,
+        group_size=6,
+        eval_tasks=24,
+        eval_samples=2,
+    )
     parser.add_argument("--size", type=int, default=3, help="suspects, rooms and times each")
     parser.add_argument("--max-tokens", type=int, default=24)
     args = parser.parse_args()
     start = args.seed * 1000
-    asyncio.run(loop.run(
-        args, name="temporal-clue", title=f"Temporal Clue puzzles, size {args.size} (GRPO)",
-        attempt=make_attempt(args.size, args.max_tokens),
-        training=[make_puzzle(s, args.size) for s in range(start, start + 300)],
-        held_out=[make_puzzle(s, args.size)
-                  for s in range(100_000, 100_000 + args.eval_tasks)]))  # fmt: skip
+    asyncio.run(
+        loop.run(
+            args,
+            name="temporal-clue",
+            title=f"Temporal Clue puzzles, size {args.size} (GRPO)",
+            attempt=make_attempt(args.size, args.max_tokens),
+            training=[make_puzzle(s, args.size) for s in range(start, start + 300)],
+            held_out=[make_puzzle(s, args.size) for s in range(100_000, 100_000 + args.eval_tasks)],
+        )
+    )
 
 
 if __name__ == "__main__":

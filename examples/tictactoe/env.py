@@ -20,8 +20,7 @@ import random
 import re
 from dataclasses import dataclass, field
 
-LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8),
-         (2, 4, 6)]  # fmt: skip
+LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
 REWARD = {"win": 1.0, "draw": 0.6, "loss": 0.3}
 ILLEGAL_CREDIT_PER_MOVE = 0.05
 

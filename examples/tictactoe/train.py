@@ -23,9 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gallery import loop
 from tictactoe.env import Board, Game, Match, games, parse_move
 
-SYSTEM = ("You play Tic Tac Toe as X against O. The cells are numbered 1 to 9 and a free "
-          "cell shows its number. Three X in a row win. Answer with the number of one free "
-          "cell and nothing else.")  # fmt: skip
+SYSTEM = (
+    "You play Tic Tac Toe as X against O. The cells are numbered 1 to 9 and a free "
+    "cell shows its number. Three X in a row win. Answer with the number of one free "
+    "cell and nothing else."
+)
 
 
 def _board(text: str) -> str:
@@ -39,8 +41,12 @@ def _example() -> list[dict]:
     board.play(5, "X")
     board.play(1, "O")
     second = f"{_board('O played 1.')}{board.render()}\nYour move."
-    return [{"role": "user", "content": first}, {"role": "assistant", "content": "5"},
-            {"role": "user", "content": second}, {"role": "assistant", "content": "9"}]  # fmt: skip
+    return [
+        {"role": "user", "content": first},
+        {"role": "assistant", "content": "5"},
+        {"role": "user", "content": second},
+        {"role": "assistant", "content": "9"},
+    ]
 
 
 EXAMPLE = _example()
@@ -52,19 +58,29 @@ def make_attempt(opponent: str, max_tokens: int):
         async with model.rollout(game=game.seed, policy_first=game.policy_first) as rollout:
             note = f"O played {match.last_opponent}." if match.last_opponent else ""
             first = f"New game. {_board(note)}{match.board.render()}\nYour move."
-            messages = [{"role": "system", "content": SYSTEM}, *EXAMPLE,
-                        {"role": "user", "content": first}]  # fmt: skip
+            messages = [
+                {"role": "system", "content": SYSTEM},
+                *EXAMPLE,
+                {"role": "user", "content": first},
+            ]
             while match.outcome is None:
                 reply = await client.chat.completions.create(
-                    model=model.served_name, messages=messages, max_tokens=max_tokens,
-                    temperature=1.0)  # fmt: skip
+                    model=model.served_name,
+                    messages=messages,
+                    max_tokens=max_tokens,
+                    temperature=1.0,
+                )
                 text = reply.choices[0].message.content or ""
                 match.move(parse_move(text))
                 messages.append({"role": "assistant", "content": text})
                 if match.outcome is None:
-                    messages.append({"role": "user", "content":
-                                     f"{_board(f'O played {match.last_opponent}.')}"
-                                     f"{match.board.render()}\nYour move."})  # fmt: skip
+                    messages.append(
+                        {
+                            "role": "user",
+                            "content": f"{_board(f'O played {match.last_opponent}.')}"
+                            f"{match.board.render()}\nYour move.",
+                        }
+                    )
             rollout.reward = match.reward
             rollout.metrics["success"] = float(match.outcome == "win")
             rollout.metrics["legal_moves"] = float(match.legal_moves)
@@ -76,16 +92,27 @@ def make_attempt(opponent: str, max_tokens: int):
 
 
 def main() -> None:
-    parser = loop.parser(__doc__.splitlines()[0], steps=6, tasks_per_step=3, group_size=4,
-                         eval_tasks=16, eval_samples=2)  # fmt: skip
+    parser = loop.parser(
+        __doc__.splitlines()[0],
+        steps=6,
+        tasks_per_step=3,
+        group_size=4,
+        eval_tasks=16,
+        eval_samples=2,
+    )
     parser.add_argument("--opponent", default="random", choices=["random", "blocking"])
     parser.add_argument("--max-tokens", type=int, default=6, help="tokens per move")
     args = parser.parse_args()
-    asyncio.run(loop.run(
-        args, name="tictactoe", title=f"Tic Tac Toe vs a {args.opponent} opponent (GRPO)",
-        attempt=make_attempt(args.opponent, args.max_tokens),
-        training=games(500, start=args.seed * 1000),
-        held_out=games(args.eval_tasks, start=100_000 + args.seed * 1000)))  # fmt: skip
+    asyncio.run(
+        loop.run(
+            args,
+            name="tictactoe",
+            title=f"Tic Tac Toe vs a {args.opponent} opponent (GRPO)",
+            attempt=make_attempt(args.opponent, args.max_tokens),
+            training=games(500, start=args.seed * 1000),
+            held_out=games(args.eval_tasks, start=100_000 + args.seed * 1000),
+        )
+    )
 
 
 if __name__ == "__main__":

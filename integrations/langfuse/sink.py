@@ -48,9 +48,20 @@ __all__ = ["STEP_SCORES", "LangfuseConfig", "LangfuseSink", "trace_id"]
 
 logger = logging.getLogger(__name__)
 
-STEP_SCORES = ("reward_mean", "reward_std", "loss", "kl", "grad_norm", "clip_fraction",
-               "sampled_tokens", "total_tokens", "seconds", "step_seconds",
-               "publish_seconds", "rollout_failures")  # fmt: skip
+STEP_SCORES = (
+    "reward_mean",
+    "reward_std",
+    "loss",
+    "kl",
+    "grad_norm",
+    "clip_fraction",
+    "sampled_tokens",
+    "total_tokens",
+    "seconds",
+    "step_seconds",
+    "publish_seconds",
+    "rollout_failures",
+)
 """Metrics of a step record that become scores on its step trace (when present)."""
 
 
@@ -177,8 +188,12 @@ class LangfuseSink:
         c = self.config
         public_key = c.public_key or _env("LANGFUSE_PUBLIC_KEY")
         secret_key = c.secret_key or _env("LANGFUSE_SECRET_KEY")
-        host = (c.host or _env("LANGFUSE_BASE_URL") or _env("LANGFUSE_HOST")
-                or "https://cloud.langfuse.com").rstrip("/")  # fmt: skip
+        host = (
+            c.host
+            or _env("LANGFUSE_BASE_URL")
+            or _env("LANGFUSE_HOST")
+            or "https://cloud.langfuse.com"
+        ).rstrip("/")
         if not public_key or not secret_key:
             raise ConfigError(
                 f"the Langfuse sink has no {'public' if not public_key else 'secret'} key; "
@@ -192,12 +207,19 @@ class LangfuseSink:
             if shared is None:
                 ids = _ids_class()()
                 provider = TracerProvider(id_generator=ids)
-                client = Langfuse(public_key=public_key, secret_key=secret_key, base_url=host,
-                                  environment=c.environment, timeout=c.timeout_s,
-                                  tracer_provider=provider,
-                                  should_export_span=lambda span: True)  # fmt: skip
-                if getattr(getattr(client, "_resources", None), "tracer_provider",
-                           provider) is not provider:  # fmt: skip
+                client = Langfuse(
+                    public_key=public_key,
+                    secret_key=secret_key,
+                    base_url=host,
+                    environment=c.environment,
+                    timeout=c.timeout_s,
+                    tracer_provider=provider,
+                    should_export_span=lambda span: True,
+                )
+                if (
+                    getattr(getattr(client, "_resources", None), "tracer_provider", provider)
+                    is not provider
+                ):
                     logger.warning(
                         "a Langfuse client for this public key already existed in this "
                         "process with its own tracer provider; rollout traces may not be "
@@ -232,8 +254,11 @@ class LangfuseSink:
 
         context = trace.set_span_in_context(parent._otel_span) if parent is not None else None
         otel_span = self._tracer.start_span(name, context=context, start_time=_ns(start))
-        cls = {"span": langfuse.LangfuseSpan, "generation": langfuse.LangfuseGeneration,
-               "tool": langfuse.LangfuseTool}[kind]  # fmt: skip
+        cls = {
+            "span": langfuse.LangfuseSpan,
+            "generation": langfuse.LangfuseGeneration,
+            "tool": langfuse.LangfuseTool,
+        }[kind]
         return cls(otel_span=otel_span, langfuse_client=self._client, **fields)
 
     def log_trajectories(self, step: int, groups: Sequence[TrajectoryGroup]) -> None:
@@ -243,8 +268,9 @@ class LangfuseSink:
             for index, failure in enumerate(group.failures):
                 self._failure(step, number, index, failure)
 
-    def _rollout(self, step: int, number: int, group: TrajectoryGroup,
-                 trajectory: Trajectory) -> None:  # fmt: skip
+    def _rollout(
+        self, step: int, number: int, group: TrajectoryGroup, trajectory: Trajectory
+    ) -> None:
         from langfuse import propagate_attributes
 
         limit = self.config.max_text_chars
@@ -255,23 +281,37 @@ class LangfuseSink:
         metadata.update(training_step=str(step), group=str(number), trajectory_id=trajectory.id)
         first = line.policy_calls[0].prompt if line.policy_calls else None
         self._ids.local.next = int(trace_id(trajectory.id), 16)
-        with propagate_attributes(trace_name=name, session_id=session, tags=tags,
-                                  metadata=metadata,
-                                  version=policies[-1] if policies else None):  # fmt: skip
-            root = self._span("span", "rollout", line.start, None,
-                              input=_messages(first or trajectory.messages[:1], limit),
-                              output=_messages(trajectory.messages[-1:], limit),
-                              metadata={"scenario": trajectory.metadata,
-                                        "metrics": trajectory.metrics,
-                                        "logs": trajectory.logs, "reward": trajectory.reward,
-                                        "policy": policies, "group": number,
-                                        "group_metadata": group.metadata})  # fmt: skip
+        with propagate_attributes(
+            trace_name=name,
+            session_id=session,
+            tags=tags,
+            metadata=metadata,
+            version=policies[-1] if policies else None,
+        ):
+            root = self._span(
+                "span",
+                "rollout",
+                line.start,
+                None,
+                input=_messages(first or trajectory.messages[:1], limit),
+                output=_messages(trajectory.messages[-1:], limit),
+                metadata={
+                    "scenario": trajectory.metadata,
+                    "metrics": trajectory.metrics,
+                    "logs": trajectory.logs,
+                    "reward": trajectory.reward,
+                    "policy": policies,
+                    "group": number,
+                    "group_metadata": group.metadata,
+                },
+            )
             for index, events in enumerate(line.histories):
                 parent = root
                 if index > 0:
                     begin = events[0].start if events else line.start
-                    parent = self._span("span", f"history-{index}", begin, root,
-                                        metadata={"history": index})  # fmt: skip
+                    parent = self._span(
+                        "span", f"history-{index}", begin, root, metadata={"history": index}
+                    )
                 for event in events:
                     if isinstance(event, PolicyCall):
                         self._generation(event, parent, limit)
@@ -287,56 +327,85 @@ class LangfuseSink:
         prompt_tokens, output_tokens = len(choice.prompt_token_ids), len(choice.token_ids)
         mean = sum(choice.logprobs) / len(choice.logprobs) if choice.logprobs else None
         generation = self._span(
-            "generation", "policy", call.start, parent, model=choice.policy,
+            "generation",
+            "policy",
+            call.start,
+            parent,
+            model=choice.policy,
             input=_messages(call.prompt, limit) if call.prompt is not None else None,
             output=_messages([choice.message], limit)[0],
-            usage_details={"input": prompt_tokens, "output": output_tokens,
-                           "total": prompt_tokens + output_tokens},
-            metadata={"finish_reason": choice.finish_reason, "latency_s": choice.latency_s,
-                      "mean_logprob": mean, "trained_tokens": output_tokens,
-                      "history": call.history},
-        )  # fmt: skip
+            usage_details={
+                "input": prompt_tokens,
+                "output": output_tokens,
+                "total": prompt_tokens + output_tokens,
+            },
+            metadata={
+                "finish_reason": choice.finish_reason,
+                "latency_s": choice.latency_s,
+                "mean_logprob": mean,
+                "trained_tokens": output_tokens,
+                "history": call.history,
+            },
+        )
         generation.end(end_time=_ns(call.end))
 
     def _tool(self, call: ToolCall, parent: Any, limit: int) -> None:
         result = _clip(call.result, limit) if call.result is not None else None
         tool = self._span(
-            "tool", call.name or "tool", call.start, parent, input=call.arguments,
-            output=result, metadata={"tool_call_id": call.call_id, "answered":
-                                     call.result is not None},
+            "tool",
+            call.name or "tool",
+            call.start,
+            parent,
+            input=call.arguments,
+            output=result,
+            metadata={"tool_call_id": call.call_id, "answered": call.result is not None},
             level="ERROR" if call.error else None,
             status_message=_clip(call.result or "", 500) if call.error else None,
-        )  # fmt: skip
+        )
         tool.end(end_time=_ns(call.end))
 
     def _scores(self, trace: str, trajectory: Trajectory) -> None:
         explanation = _judge_explanation(trajectory)
         ruler = trajectory.metrics.get("ruler_score")
         scores: list[tuple[str, float, str | None]] = [
-            ("reward", trajectory.reward, explanation if ruler is not None else None)]
+            ("reward", trajectory.reward, explanation if ruler is not None else None)
+        ]
         if ruler is not None:
             scores.append(("ruler", ruler, explanation))
         for key in self.config.score_metrics:
             if key in trajectory.metrics:
                 scores.append((key, trajectory.metrics[key], None))
         for name, value, comment in scores:
-            self._client.create_score(name=name, value=float(value), trace_id=trace,
-                                      score_id=f"{trace}-{name}", data_type="NUMERIC",
-                                      comment=comment)  # fmt: skip
+            self._client.create_score(
+                name=name,
+                value=float(value),
+                trace_id=trace,
+                score_id=f"{trace}-{name}",
+                data_type="NUMERIC",
+                comment=comment,
+            )
 
     def _failure(self, step: int, number: int, index: int, failure: Any) -> None:
         from langfuse import propagate_attributes
 
         name, session, tags = self._names(step)
         now = time.time()
-        with propagate_attributes(trace_name=name, session_id=session,
-                                  tags=[*tags, "failed"],
-                                  metadata={"training_step": str(step), "group": str(number),
-                                            "failure": str(index)}):  # fmt: skip
-            span = self._span("span", "rollout", now, None, level="ERROR",
-                              status_message=_clip(f"{failure.type}: {failure.message}", 500),
-                              output={"error": failure.type, "message": failure.message},
-                              metadata={"traceback": failure.traceback})  # fmt: skip
+        with propagate_attributes(
+            trace_name=name,
+            session_id=session,
+            tags=[*tags, "failed"],
+            metadata={"training_step": str(step), "group": str(number), "failure": str(index)},
+        ):
+            span = self._span(
+                "span",
+                "rollout",
+                now,
+                None,
+                level="ERROR",
+                status_message=_clip(f"{failure.type}: {failure.message}", 500),
+                output={"error": failure.type, "message": failure.message},
+                metadata={"traceback": failure.traceback},
+            )
             span.end(end_time=_ns(now))
 
     def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
@@ -345,19 +414,33 @@ class LangfuseSink:
         name, session, tags = self._names(step)
         finished = float(metrics.get("time") or time.time())
         started = finished - float(metrics.get("step_seconds") or 0.0)
-        numbers = {k: v for k, v in metrics.items()
-                   if isinstance(v, int | float) and not isinstance(v, bool)}  # fmt: skip
-        with propagate_attributes(trace_name=f"{name}/train", session_id=session,
-                                  tags=[*tags, "train-step"],
-                                  metadata={"training_step": str(step),
-                                            "event": _short(metrics.get("event"))}):  # fmt: skip
-            span = self._span("span", "train-step", started, None,
-                              input={"rollouts": metrics.get("rollouts"),
-                                     "groups": metrics.get("groups")},
-                              output=numbers, metadata=dict(metrics))  # fmt: skip
+        numbers = {
+            k: v
+            for k, v in metrics.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        with propagate_attributes(
+            trace_name=f"{name}/train",
+            session_id=session,
+            tags=[*tags, "train-step"],
+            metadata={"training_step": str(step), "event": _short(metrics.get("event"))},
+        ):
+            span = self._span(
+                "span",
+                "train-step",
+                started,
+                None,
+                input={"rollouts": metrics.get("rollouts"), "groups": metrics.get("groups")},
+                output=numbers,
+                metadata=dict(metrics),
+            )
             span.end(end_time=_ns(finished))
         for key in STEP_SCORES:
             if key in numbers:
-                self._client.create_score(name=key, value=float(numbers[key]),
-                                          trace_id=span.trace_id, data_type="NUMERIC",
-                                          score_id=f"{span.trace_id}-{key}")  # fmt: skip
+                self._client.create_score(
+                    name=key,
+                    value=float(numbers[key]),
+                    trace_id=span.trace_id,
+                    data_type="NUMERIC",
+                    score_id=f"{span.trace_id}-{key}",
+                )

@@ -79,8 +79,10 @@ class GraphRollout(Rollout):
             after = len(keys) - keys[::-1].index(last)
             trajectory.messages = [*trajectory.messages, *self._final[after:]]
         else:
-            self.log("record_state: the policy's last reply is not among the graph's final "
-                     "messages; nothing was appended to the main conversation")  # fmt: skip
+            self.log(
+                "record_state: the policy's last reply is not among the graph's final "
+                "messages; nothing was appended to the main conversation"
+            )
         return trajectory
 
 
@@ -91,17 +93,18 @@ def rollout(model: TrainableModel, **metadata: Scalar) -> GraphRollout:
 
 def rollout_fn(
     model: TrainableModel, **metadata: Scalar
-) -> Callable[[Callable[Concatenate[GraphRollout, P], Awaitable[Any]]],
-              Callable[P, Awaitable[Trajectory]]]:  # fmt: skip
+) -> Callable[
+    [Callable[Concatenate[GraphRollout, P], Awaitable[Any]]], Callable[P, Awaitable[Trajectory]]
+]:
     """Make `async def attempt(scope, *args)` a rollout per call that returns its Trajectory.
 
-        @rollout_fn(policy)
-        async def attempt(scope, question):
-            state = await graph.ainvoke({"messages": [("user", question)]})
-            scope.record_state(state)
-            scope.reward = score(question, state)
+    @rollout_fn(policy)
+    async def attempt(scope, question):
+        state = await graph.ainvoke({"messages": [("user", question)]})
+        scope.record_state(state)
+        scope.reward = score(question, state)
 
-        groups = await gather_trajectory_groups([attempt(q) for _ in range(8)] for q in qs)
+    groups = await gather_trajectory_groups([attempt(q) for _ in range(8)] for q in qs)
     """
 
     def wrap(

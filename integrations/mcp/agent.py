@@ -62,8 +62,10 @@ __all__ = [
 ]
 
 FINISH_TOOL = "final_answer"
-DEFAULT_SYSTEM = ("You are an assistant with tools. Use the tools to find out or do what the "
-                  "user asks, then answer the user briefly.")  # fmt: skip
+DEFAULT_SYSTEM = (
+    "You are an assistant with tools. Use the tools to find out or do what the "
+    "user asks, then answer the user briefly."
+)
 
 
 class ToolTimeoutError(RLCoachError, TimeoutError):
@@ -157,10 +159,18 @@ def truncate(text: str, limit: int) -> str:
 
 
 def _finish_tool() -> Tool:
-    return {"type": "function", "function": {
-        "name": FINISH_TOOL, "description": "Give the final answer to the user and stop.",
-        "parameters": {"type": "object", "properties": {"answer": {"type": "string"}},
-                       "required": ["answer"]}}}  # fmt: skip
+    return {
+        "type": "function",
+        "function": {
+            "name": FINISH_TOOL,
+            "description": "Give the final answer to the user and stop.",
+            "parameters": {
+                "type": "object",
+                "properties": {"answer": {"type": "string"}},
+                "required": ["answer"],
+            },
+        },
+    }
 
 
 def _scenario_text(scenario: Any) -> tuple[str, dict[str, Any]]:
@@ -169,8 +179,10 @@ def _scenario_text(scenario: Any) -> tuple[str, dict[str, Any]]:
     text = getattr(scenario, "text", None)
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"scenario {scenario!r} has no text; pass a string or an InputRecord")
-    return text, {"scenario_id": str(getattr(scenario, "id", "")),
-                  "difficulty": str(getattr(scenario, "difficulty", ""))}  # fmt: skip
+    return text, {
+        "scenario_id": str(getattr(scenario, "id", "")),
+        "difficulty": str(getattr(scenario, "difficulty", "")),
+    }
 
 
 async def _score(check: Check, run: AgentRun) -> float:
@@ -183,20 +195,24 @@ async def _score(check: Check, run: AgentRun) -> float:
     return score
 
 
-async def _call(connection: Connection, tools: ToolSet, call: Any, config: AgentConfig,
-                run: AgentRun) -> str:  # fmt: skip
+async def _call(
+    connection: Connection, tools: ToolSet, call: Any, config: AgentConfig, run: AgentRun
+) -> str:
     name, raw = call.function.name, call.function.arguments or ""
     checked = tools.check_call(name, raw)
     if checked.error is not None:
         run.calls.append(CallRecord(name, raw, "rejected", checked.error))
         return f"error: {checked.error}"
     try:
-        result = await connection.call_tool(checked.name, checked.arguments or {},
-                                            timeout_s=config.call_timeout_s)  # fmt: skip
+        result = await connection.call_tool(
+            checked.name, checked.arguments or {}, timeout_s=config.call_timeout_s
+        )
     except TimeoutError as e:
-        raise ToolTimeoutError(f"tool {checked.name!r} of MCP server {connection.spec.label!r} "
-                               f"did not answer within call_timeout_s={config.call_timeout_s}; "
-                               "raise call_timeout_s if the tool is just slow") from e  # fmt: skip
+        raise ToolTimeoutError(
+            f"tool {checked.name!r} of MCP server {connection.spec.label!r} "
+            f"did not answer within call_timeout_s={config.call_timeout_s}; "
+            "raise call_timeout_s if the tool is just slow"
+        ) from e
     text = truncate(result.text or "(no output)", config.result_chars)
     run.calls.append(CallRecord(name, raw, "tool_error" if result.is_error else "ok", text))
     return f"error: {text}" if result.is_error and not text.startswith("error") else text
@@ -221,8 +237,7 @@ async def run_agent(
     config = parse_config(AgentConfig, config)
     text, metadata = _scenario_text(scenario)
     offered = [*tools.tools, _finish_tool()] if config.finish_tool else list(tools.tools)
-    prompt: list[Message] = [{"role": "system", "content": config.system_prompt},
-                             *demonstration]  # fmt: skip
+    prompt: list[Message] = [{"role": "system", "content": config.system_prompt}, *demonstration]
     run = AgentRun(text, [*prompt, {"role": "user", "content": text}], given=scenario)
     async with model.rollout(server=server.label, **metadata) as rollout:
         rollout.trajectory.metadata["prompt_messages"] = len(prompt)
@@ -235,37 +250,54 @@ async def run_agent(
             raise RolloutTimeoutError(
                 f"the rollout outlived rollout_timeout_s={config.rollout_timeout_s} after "
                 f"{run.turns} turns and {len(run.calls)} tool calls; raise it, or lower "
-                "max_turns or max_tokens") from e  # fmt: skip
+                "max_turns or max_tokens"
+            ) from e
         score = await _score(check, run)
         rollout.reward = score
-        rollout.metrics.update({
-            "success": float(score == 1.0), "finished": float(run.finished),
-            "turns": float(run.turns), "tool_calls": float(len(run.calls)),
-            "tool_ok": float(run.count("ok")), "tool_errors": float(run.count("tool_error")),
-            "invalid_calls": float(run.count("rejected")), "check": score,
-        })  # fmt: skip
+        rollout.metrics.update(
+            {
+                "success": float(score == 1.0),
+                "finished": float(run.finished),
+                "turns": float(run.turns),
+                "tool_calls": float(len(run.calls)),
+                "tool_ok": float(run.count("ok")),
+                "tool_errors": float(run.count("tool_error")),
+                "invalid_calls": float(run.count("rejected")),
+                "check": score,
+            }
+        )
         for record in run.calls:
             if record.outcome != "ok":
-                rollout.log(f"{record.outcome} {record.name}({record.arguments}): "
-                            f"{record.result[:300]}")  # fmt: skip
+                rollout.log(
+                    f"{record.outcome} {record.name}({record.arguments}): {record.result[:300]}"
+                )
     trajectory = rollout.trajectory
     # The gateway recorded up to the last reply; tool answers after it are ours to add.
     trajectory.messages = [*trajectory.messages, *run.messages[sent + 1 :]]
     return trajectory
 
 
-async def _turns(model: TrainableModel, client: AsyncOpenAI, connection: Connection,
-                 tools: ToolSet, offered: list[Tool], run: AgentRun,
-                 config: AgentConfig) -> int:  # fmt: skip
+async def _turns(
+    model: TrainableModel,
+    client: AsyncOpenAI,
+    connection: Connection,
+    tools: ToolSet,
+    offered: list[Tool],
+    run: AgentRun,
+    config: AgentConfig,
+) -> int:
     """The policy's turns; returns how many messages the last request carried."""
     messages, sent = run.messages, 0
     while run.turns < config.max_turns and not run.finished:
         sent = len(messages)
         reply = await client.chat.completions.create(
-            model=model.served_name, messages=messages, tools=offered,
-            temperature=config.temperature, max_tokens=config.max_tokens,
+            model=model.served_name,
+            messages=messages,
+            tools=offered,
+            temperature=config.temperature,
+            max_tokens=config.max_tokens,
             extra_body=config.extra_body or None,
-        )  # fmt: skip
+        )
         run.turns += 1
         message = reply.choices[0].message
         messages.append(message.model_dump(exclude_none=True))
@@ -292,8 +324,11 @@ def _finish_answer(arguments: str | None) -> str:
 
 # --- a worked example from a real call, for models too small to call tools unprompted
 
-_EXAMPLE_IN_TEXT = re.compile(r"""(?:e\.g\.|for example|such as|like)[,:]?\s*['"`]?"""
-                              r"""([^'"`\s,;)]+)""", re.IGNORECASE)  # fmt: skip
+_EXAMPLE_IN_TEXT = re.compile(
+    r"""(?:e\.g\.|for example|such as|like)[,:]?\s*['"`]?"""
+    r"""([^'"`\s,;)]+)""",
+    re.IGNORECASE,
+)
 
 
 def _example_value(schema: dict[str, Any], root_name: str = "") -> Any:
@@ -334,8 +369,7 @@ def example_arguments(schema: dict[str, Any]) -> dict[str, Any]:
     properties = schema.get("properties", {})
     # With nothing required, show one argument anyway: a call with `{}` teaches little.
     names = schema.get("required") or list(properties)[:1]
-    return {name: _example_value(properties[name], name) for name in names
-            if name in properties}  # fmt: skip
+    return {name: _example_value(properties[name], name) for name in names if name in properties}
 
 
 class Example(BaseModel):
@@ -351,25 +385,39 @@ class Example(BaseModel):
     """The final reply after the tool's answer (default: a summary of that answer)."""
 
 
-def _worked(index: int, request: str, name: str, arguments: dict[str, Any], result: str,
-            answer: str | None, result_chars: int) -> list[Message]:  # fmt: skip
+def _worked(
+    index: int,
+    request: str,
+    name: str,
+    arguments: dict[str, Any],
+    result: str,
+    answer: str | None,
+    result_chars: int,
+) -> list[Message]:
     shown = truncate(result, result_chars)
     call_id = f"call_example_{index}"
-    call = {"id": call_id, "type": "function",
-            "function": {"name": name, "arguments": json.dumps(arguments)}}  # fmt: skip
+    call = {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments)},
+    }
     reply = answer or f"Here is what I found: {' '.join(shown.split())[:160]}"
     return [
         {"role": "user", "content": request},
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": call_id, "content": shown},
         {"role": "assistant", "content": reply},
-    ]  # fmt: skip
+    ]
 
 
-async def build_demonstration(connection: Connection, tools: ToolSet,
-                              examples: Sequence[Example | dict[str, Any]] = (), *,
-                              result_chars: int = 300,
-                              timeout_s: float = 30.0) -> list[Message]:  # fmt: skip
+async def build_demonstration(
+    connection: Connection,
+    tools: ToolSet,
+    examples: Sequence[Example | dict[str, Any]] = (),
+    *,
+    result_chars: int = 300,
+    timeout_s: float = 30.0,
+) -> list[Message]:
     """Worked examples from real calls: request, tool call, the server's answer, reply.
 
     With `examples`, one per example (a call the schema or the server refuses raises
@@ -385,11 +433,20 @@ async def build_demonstration(connection: Connection, tools: ToolSet,
             raise ConfigError(f"worked example {index} ({example.request!r}): {checked.error}")
         result = await connection.call_tool(checked.name, example.arguments, timeout_s=timeout_s)
         if result.is_error:
-            raise ConfigError(f"worked example {index} ({example.request!r}): the server "
-                              f"answered {example.tool} with an error: {result.text[:300]}; "
-                              "fix the example's arguments")  # fmt: skip
-        messages += _worked(index, example.request, example.tool, example.arguments,
-                            result.text, example.answer, result_chars)  # fmt: skip
+            raise ConfigError(
+                f"worked example {index} ({example.request!r}): the server "
+                f"answered {example.tool} with an error: {result.text[:300]}; "
+                "fix the example's arguments"
+            )
+        messages += _worked(
+            index,
+            example.request,
+            example.tool,
+            example.arguments,
+            result.text,
+            example.answer,
+            result_chars,
+        )
     if examples:
         return messages
     for tool in tools.tools:
@@ -399,8 +456,9 @@ async def build_demonstration(connection: Connection, tools: ToolSet,
         if tools.check_call(name, arguments).error is not None:
             continue
         try:
-            result = await connection.call_tool(tools.server_names[name], arguments,
-                                                timeout_s=timeout_s)  # fmt: skip
+            result = await connection.call_tool(
+                tools.server_names[name], arguments, timeout_s=timeout_s
+            )
         except TimeoutError:
             continue
         if result.is_error or not result.text.strip():

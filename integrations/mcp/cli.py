@@ -20,28 +20,40 @@ from rlcoach.bundled import BUNDLED_MODEL
 
 app = typer.Typer(help="Train tool use against an MCP server.", no_args_is_help=True)
 
-ServerOption = Annotated[str | None, typer.Option(
-    "--server", help="The server's launch command (stdio), e.g. \"mcp-server-time\".")]
+ServerOption = Annotated[
+    str | None,
+    typer.Option("--server", help='The server\'s launch command (stdio), e.g. "mcp-server-time".'),
+]
 UrlOption = Annotated[str | None, typer.Option(help="A streamable-HTTP server URL.")]
-HeaderOption = Annotated[list[str] | None, typer.Option(
-    "--header", help="An HTTP header for --url, as \"Name: value\" (repeatable).")]
-EnvOption = Annotated[list[str] | None, typer.Option(
-    "--env", help="An environment variable for the --server process, NAME=value.")]
+HeaderOption = Annotated[
+    list[str] | None,
+    typer.Option("--header", help='An HTTP header for --url, as "Name: value" (repeatable).'),
+]
+EnvOption = Annotated[
+    list[str] | None,
+    typer.Option("--env", help="An environment variable for the --server process, NAME=value."),
+]
 
 
-def server_spec(server: str | None, url: str | None, headers: list[str] | None,
-                env: list[str] | None, startup_timeout_s: float = 60.0) -> Any:  # fmt: skip
+def server_spec(
+    server: str | None,
+    url: str | None,
+    headers: list[str] | None,
+    env: list[str] | None,
+    startup_timeout_s: float = 60.0,
+) -> Any:
     """A `ServerSpec` from the command-line options, or a usage error naming the fix."""
     from rlcoach.integrations.mcp.connection import ServerSpec
 
     if (server is None) == (url is None):
-        raise typer.BadParameter("give exactly one of --server \"<command>\" (stdio) or --url "
-                                 "<address> (streamable HTTP)")  # fmt: skip
+        raise typer.BadParameter(
+            'give exactly one of --server "<command>" (stdio) or --url <address> (streamable HTTP)'
+        )
     parsed_headers = {}
     for header in headers or []:
         key, sep, value = header.partition(":")
         if not sep or not key.strip():
-            raise typer.BadParameter(f"--header {header!r} is not \"Name: value\"")
+            raise typer.BadParameter(f'--header {header!r} is not "Name: value"')
         parsed_headers[key.strip()] = value.strip()
     parsed_env = {}
     for item in env or []:
@@ -55,8 +67,7 @@ def server_spec(server: str | None, url: str | None, headers: list[str] | None,
         return ServerSpec(url=url, headers=parsed_headers, startup_timeout_s=startup_timeout_s)
     if parsed_headers:
         raise typer.BadParameter("--header applies to --url, not to a --server command")
-    return ServerSpec.from_command(server, env=parsed_env,
-                                   startup_timeout_s=startup_timeout_s)  # fmt: skip
+    return ServerSpec.from_command(server, env=parsed_env, startup_timeout_s=startup_timeout_s)
 
 
 def read_examples(path: Path) -> list[dict[str, Any]]:
@@ -86,8 +97,12 @@ def _fail(error: Exception) -> typer.Exit:
 
 
 @app.command()
-def tools(server: ServerOption = None, url: UrlOption = None, header: HeaderOption = None,
-          env: EnvOption = None) -> None:  # fmt: skip
+def tools(
+    server: ServerOption = None,
+    url: UrlOption = None,
+    header: HeaderOption = None,
+    env: EnvOption = None,
+) -> None:
     """List the server's tools as the policy sees them (OpenAI schemas), and what was skipped."""
     from rlcoach.errors import RLCoachError
     from rlcoach.integrations.mcp.train import discover
@@ -97,10 +112,19 @@ def tools(server: ServerOption = None, url: UrlOption = None, header: HeaderOpti
         found = asyncio.run(discover(spec, demonstration=False))
     except RLCoachError as e:
         raise _fail(e) from e
-    typer.echo(json.dumps({"server": found.server_name, "tools": found.tools.tools,
-                           "skipped": found.tools.skipped, "renamed": found.tools.renamed,
-                           "resources": found.resources, "prompts": found.prompts},
-                          indent=2))  # fmt: skip
+    typer.echo(
+        json.dumps(
+            {
+                "server": found.server_name,
+                "tools": found.tools.tools,
+                "skipped": found.tools.skipped,
+                "renamed": found.tools.renamed,
+                "resources": found.resources,
+                "prompts": found.prompts,
+            },
+            indent=2,
+        )
+    )
 
 
 @app.command()
@@ -112,8 +136,9 @@ def train(
     model: Annotated[str, typer.Option(help="Base model to train.")] = BUNDLED_MODEL,
     steps: Annotated[int, typer.Option(min=0, help="Training steps.")] = 4,
     scenarios: Annotated[int, typer.Option(min=2, help="Scenarios to generate.")] = 24,
-    scenarios_file: Annotated[Path | None, typer.Option(
-        help="Scenarios as AutoRL JSONL instead of generating them.")] = None,
+    scenarios_file: Annotated[
+        Path | None, typer.Option(help="Scenarios as AutoRL JSONL instead of generating them.")
+    ] = None,
     eval_fraction: Annotated[float, typer.Option(min=0.01, max=0.95)] = 0.25,
     scenarios_per_step: Annotated[int, typer.Option(min=1)] = 2,
     group_size: Annotated[int, typer.Option(min=2, help="Attempts per scenario.")] = 4,
@@ -125,13 +150,20 @@ def train(
     max_tokens: Annotated[int, typer.Option(min=8, help="Tokens per policy reply.")] = 192,
     system_prompt: Annotated[str | None, typer.Option(help="The agent's system prompt.")] = None,
     demonstration: Annotated[bool, typer.Option(help="Worked example from a real call.")] = True,
-    examples: Annotated[Path | None, typer.Option(
-        help="Worked examples (JSON list or JSONL of {request, tool, arguments, answer}) "
-             "to show instead of the automatic one.")] = None,
-    warmup_epochs: Annotated[int, typer.Option(
-        min=0, help="SFT epochs on the worked examples before RL (0: none).")] = 0,
-    check: Annotated[str | None, typer.Option(
-        help="module:function scoring a rollout in [0, 1] (default: tool_use_check).")] = None,
+    examples: Annotated[
+        Path | None,
+        typer.Option(
+            help="Worked examples (JSON list or JSONL of {request, tool, arguments, answer}) "
+            "to show instead of the automatic one."
+        ),
+    ] = None,
+    warmup_epochs: Annotated[
+        int, typer.Option(min=0, help="SFT epochs on the worked examples before RL (0: none).")
+    ] = 0,
+    check: Annotated[
+        str | None,
+        typer.Option(help="module:function scoring a rollout in [0, 1] (default: tool_use_check)."),
+    ] = None,
     generator_url: Annotated[str | None, typer.Option(help="Scenario writer's base URL.")] = None,
     generator_model: str = BUNDLED_MODEL,
     generator_key_env: str | None = None,
@@ -157,27 +189,48 @@ def train(
         raise typer.BadParameter("a judge needs both --judge-url and --judge-model")
     try:
         config = MCPTrainConfig(
-            server=spec, base_model=model, name=name, steps=steps, scenarios=scenarios,
-            scenarios_file=scenarios_file, eval_fraction=eval_fraction,
-            scenarios_per_step=scenarios_per_step, group_size=group_size,
-            eval_samples=eval_samples, demonstration=demonstration,
-            examples=read_examples(examples) if examples else [], check=check,
+            server=spec,
+            base_model=model,
+            name=name,
+            steps=steps,
+            scenarios=scenarios,
+            scenarios_file=scenarios_file,
+            eval_fraction=eval_fraction,
+            scenarios_per_step=scenarios_per_step,
+            group_size=group_size,
+            eval_samples=eval_samples,
+            demonstration=demonstration,
+            examples=read_examples(examples) if examples else [],
+            check=check,
             warmup_epochs=warmup_epochs,
-            agent=AgentConfig(max_turns=max_turns, call_timeout_s=call_timeout,
-                              rollout_timeout_s=rollout_timeout, result_chars=result_chars,
-                              max_tokens=max_tokens,
-                              system_prompt=system_prompt or DEFAULT_SYSTEM),
-            generator=Endpoint(url=generator_url, model=generator_model,
-                               api_key_env=generator_key_env) if generator_url else None,
+            agent=AgentConfig(
+                max_turns=max_turns,
+                call_timeout_s=call_timeout,
+                rollout_timeout_s=rollout_timeout,
+                result_chars=result_chars,
+                max_tokens=max_tokens,
+                system_prompt=system_prompt or DEFAULT_SYSTEM,
+            ),
+            generator=Endpoint(
+                url=generator_url, model=generator_model, api_key_env=generator_key_env
+            )
+            if generator_url
+            else None,
             judge=Endpoint(url=judge_url, model=judge_model, api_key_env=judge_key_env)
-            if judge_url and judge_model else None,
-            judge_weight=judge_weight, learning_rate=learning_rate, engine=engine, root=root,
+            if judge_url and judge_model
+            else None,
+            judge_weight=judge_weight,
+            learning_rate=learning_rate,
+            engine=engine,
+            root=root,
             seed=seed,
-        )  # fmt: skip
+        )
         report = asyncio.run(train_on_server(config))
     except (RLCoachError, ValidationError) as e:
         raise _fail(e) from e
     before, after = report["eval_before"], report["eval_after"]
-    typer.echo(f"result: success_before={before['success']:.3f} "
-               f"success_after={after['success']:.3f} lora={report['lora']} "
-               f"report={report['run_dir']}/report.md")  # fmt: skip
+    typer.echo(
+        f"result: success_before={before['success']:.3f} "
+        f"success_after={after['success']:.3f} lora={report['lora']} "
+        f"report={report['run_dir']}/report.md"
+    )

@@ -69,8 +69,9 @@ class ServerSpec(BaseModel):
         if self.command is not None and not self.command:
             raise ValueError("command=[] is empty; give the server's launch command")
         if self.url is not None and not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"url={self.url!r} is not an http(s) URL; e.g. "
-                             "http://127.0.0.1:8000/mcp")  # fmt: skip
+            raise ValueError(
+                f"url={self.url!r} is not an http(s) URL; e.g. http://127.0.0.1:8000/mcp"
+            )
         return self
 
     @classmethod
@@ -164,8 +165,10 @@ class Connection:
 
     def failure(self, what: str, error: BaseException) -> MCPServerError:
         """An error naming the server, what failed, the cause and the server's stderr."""
-        return MCPServerError(f"MCP server {self.spec.label!r}: {what} failed: "
-                              f"{_describe(error)}{_stderr_tail(self._log)}")  # fmt: skip
+        return MCPServerError(
+            f"MCP server {self.spec.label!r}: {what} failed: "
+            f"{_describe(error)}{_stderr_tail(self._log)}"
+        )
 
     async def _pages(self, method: str, field: str, timeout_s: float) -> list[Any]:
         items: list[Any] = []
@@ -206,8 +209,9 @@ class Connection:
             raise self.failure(f"read_resource({uri!r})", e) from e
         return "\n".join(getattr(c, "text", None) or f"[binary {c.uri}]" for c in result.contents)
 
-    async def call_tool(self, name: str, arguments: dict[str, Any],
-                        timeout_s: float = 60.0) -> ToolResult:  # fmt: skip
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], timeout_s: float = 60.0
+    ) -> ToolResult:
         """Call a tool. A tool's own error comes back as `is_error`; a timeout raises
         `TimeoutError`; a transport failure (the server died) raises `MCPServerError`."""
         from mcp import MCPError
@@ -232,14 +236,19 @@ def _transport(spec: ServerSpec, log: TextIO | None) -> Any:
         from mcp.client.streamable_http import streamable_http_client
         from mcp.shared._httpx_utils import create_mcp_http_client
 
-        return streamable_http_client(spec.url, http_client=create_mcp_http_client(
-            headers=dict(spec.headers)))  # fmt: skip
+        return streamable_http_client(
+            spec.url, http_client=create_mcp_http_client(headers=dict(spec.headers))
+        )
     from mcp import StdioServerParameters
     from mcp.client.stdio import stdio_client
 
     command = spec.command or []
-    params = StdioServerParameters(command=command[0], args=command[1:], env=spec.env or None,
-                                   cwd=Path(spec.cwd) if spec.cwd else None)  # fmt: skip
+    params = StdioServerParameters(
+        command=command[0],
+        args=command[1:],
+        env=spec.env or None,
+        cwd=Path(spec.cwd) if spec.cwd else None,
+    )
     return stdio_client(params, errlog=log or sys.stderr)
 
 
@@ -249,8 +258,11 @@ async def connect(spec: ServerSpec) -> AsyncIterator[Connection]:
     from mcp import Client
 
     with contextlib.ExitStack() as files:
-        log = files.enter_context(tempfile.TemporaryFile(mode="w+", encoding="utf-8")) \
-            if spec.command else None  # fmt: skip
+        log = (
+            files.enter_context(tempfile.TemporaryFile(mode="w+", encoding="utf-8"))
+            if spec.command
+            else None
+        )
         client = Client(_transport(spec, log), cache=None)
         connection = Connection(client, spec, log)
         try:
@@ -260,11 +272,13 @@ async def connect(spec: ServerSpec) -> AsyncIterator[Connection]:
             raise MCPServerError(
                 f"MCP server {spec.label!r} did not complete the handshake within "
                 f"startup_timeout_s={spec.startup_timeout_s}; check that the command starts an "
-                f"MCP server on stdio (or the URL serves MCP){_stderr_tail(log)}") from e
+                f"MCP server on stdio (or the URL serves MCP){_stderr_tail(log)}"
+            ) from e
         except FileNotFoundError as e:
             raise MCPServerError(
                 f"MCP server command {spec.label!r} not found ({e.filename or e}); install the "
-                "server or give the full path to its executable") from e
+                "server or give the full path to its executable"
+            ) from e
         except Exception as e:
             raise connection.failure("start-up", e) from e
         try:

@@ -35,8 +35,9 @@ class Customer(BaseModel):
 
 
 def build_server() -> MCPServer:
-    server = MCPServer("rlcoach-inventory", instructions="A shop's stock and orders.",
-                       log_level="WARNING")  # fmt: skip
+    server = MCPServer(
+        "rlcoach-inventory", instructions="A shop's stock and orders.", log_level="WARNING"
+    )
     items = {sku: dict(item) for sku, item in CATALOG.items()}
     orders: list[dict] = []
 
@@ -47,13 +48,18 @@ def build_server() -> MCPServer:
         return item
 
     @server.tool()
-    def search_items(query: Annotated[str, Field(description="Words of the item's name.")] = "",
-                     category: Category | None = None) -> list[dict]:  # fmt: skip
+    def search_items(
+        query: Annotated[str, Field(description="Words of the item's name.")] = "",
+        category: Category | None = None,
+    ) -> list[dict]:
         """Find items by name and/or category; returns SKU, name, stock and price."""
         words = query.lower().split()
-        return [{"sku": sku, **item} for sku, item in items.items()
-                if (category is None or item["category"] == category)
-                and all(w in item["name"] for w in words)]  # fmt: skip
+        return [
+            {"sku": sku, **item}
+            for sku, item in items.items()
+            if (category is None or item["category"] == category)
+            and all(w in item["name"] for w in words)
+        ]
 
     @server.tool()
     def get_item(sku: Annotated[str, Field(description="The item's SKU, e.g. WID-100.")]) -> dict:
@@ -61,8 +67,9 @@ def build_server() -> MCPServer:
         return {"sku": sku.strip().upper(), **item_or_error(sku)}
 
     @server.tool()
-    def update_stock(sku: str, change: Annotated[int, Field(description="Units to add "
-                                                            "(negative to remove).")]) -> dict:
+    def update_stock(
+        sku: str, change: Annotated[int, Field(description="Units to add (negative to remove).")]
+    ) -> dict:
         """Add or remove units of an item; the stock cannot go below zero."""
         item = item_or_error(sku)
         if item["stock"] + change < 0:
@@ -71,17 +78,26 @@ def build_server() -> MCPServer:
         return {"sku": sku.strip().upper(), "stock": item["stock"]}
 
     @server.tool()
-    def create_order(sku: str, quantity: Annotated[int, Field(ge=1)], customer: Customer,
-                     shipping: Literal["standard", "express"] = "standard") -> dict:  # fmt: skip
+    def create_order(
+        sku: str,
+        quantity: Annotated[int, Field(ge=1)],
+        customer: Customer,
+        shipping: Literal["standard", "express"] = "standard",
+    ) -> dict:
         """Order units of an item for a customer; takes them out of stock."""
         item = item_or_error(sku)
         if item["stock"] < quantity:
             raise ToolError(f"only {item['stock']} units of {sku} in stock")
         item["stock"] -= quantity
         total = round(quantity * item["price"] + (8.0 if shipping == "express" else 0.0), 2)
-        order = {"order_id": f"ORD-{len(orders) + 1:04d}", "sku": sku.strip().upper(),
-                 "quantity": quantity, "customer": customer.model_dump(),
-                 "shipping": shipping, "total": total}  # fmt: skip
+        order = {
+            "order_id": f"ORD-{len(orders) + 1:04d}",
+            "sku": sku.strip().upper(),
+            "quantity": quantity,
+            "customer": customer.model_dump(),
+            "shipping": shipping,
+            "total": total,
+        }
         orders.append(order)
         return order
 
@@ -93,14 +109,18 @@ def build_server() -> MCPServer:
     @server.resource("inventory://catalog", mime_type="text/plain")
     def catalog() -> str:
         """Every item, one per line."""
-        return "\n".join(f"{sku}: {i['name']} ({i['category']}), {i['stock']} in stock, "
-                         f"${i['price']}" for sku, i in items.items())  # fmt: skip
+        return "\n".join(
+            f"{sku}: {i['name']} ({i['category']}), {i['stock']} in stock, ${i['price']}"
+            for sku, i in items.items()
+        )
 
     @server.prompt()
     def restock_report(threshold: str = "5") -> str:
         """Ask for a report of the items that need restocking."""
-        return f"List every item with fewer than {threshold} units in stock and suggest " \
-               "how many to order."  # fmt: skip
+        return (
+            f"List every item with fewer than {threshold} units in stock and suggest "
+            "how many to order."
+        )
 
     return server
 

@@ -42,12 +42,17 @@ def judged_messages(trajectory: Trajectory) -> list[Message]:
     skip = int(trajectory.metadata.get("prompt_messages", 0) or 0)
     messages = trajectory.messages
     head = messages[:1] if messages and messages[0].get("role") == "system" else []
-    return [*head, *messages[max(skip, len(head)):]]
+    return [*head, *messages[max(skip, len(head)) :]]
 
 
-def ruler_rewards(judge: Model, tools: ToolSet, *, weight: float = 0.5,
-                  rubric: str = TOOL_USE_RUBRIC,
-                  config: RulerConfig | dict[str, Any] | None = None) -> AfterEach:  # fmt: skip
+def ruler_rewards(
+    judge: Model,
+    tools: ToolSet,
+    *,
+    weight: float = 0.5,
+    rubric: str = TOOL_USE_RUBRIC,
+    config: RulerConfig | dict[str, Any] | None = None,
+) -> AfterEach:
     """An `after_each` hook: reward = weight * judge + (1 - weight) * check."""
     if not 0.0 <= weight <= 1.0:
         raise ValueError(f"weight={weight!r} must be in [0, 1] (the judge's share of the reward)")
@@ -58,13 +63,19 @@ def ruler_rewards(judge: Model, tools: ToolSet, *, weight: float = 0.5,
             return scored
         usage = JudgeUsage()
         try:
-            results = await score([judged_messages(t) for t in scored.trajectories], judge,
-                                  rubric=rubric, tools=tools.tools, config=config,
-                                  usage=usage)  # fmt: skip
+            results = await score(
+                [judged_messages(t) for t in scored.trajectories],
+                judge,
+                rubric=rubric,
+                tools=tools.tools,
+                config=config,
+                usage=usage,
+            )
         except JudgeError as e:
             logger.warning("RULER could not score a group (%s); keeping the check rewards", e)
-            scored.metadata.update({**usage.as_metrics("ruler_"), "ruler_failed": True,
-                                    "ruler_error": str(e)})  # fmt: skip
+            scored.metadata.update(
+                {**usage.as_metrics("ruler_"), "ruler_failed": True, "ruler_error": str(e)}
+            )
             for trajectory in scored.trajectories:
                 trajectory.logs.append(f"RULER failed, check reward kept: {e}")
             return scored

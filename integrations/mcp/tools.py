@@ -49,8 +49,10 @@ def _function_parts(tool: Any) -> tuple[str, str, dict[str, Any] | None]:
 
 def _resolve(ref: str, root: dict[str, Any]) -> dict[str, Any]:
     if not ref.startswith("#/"):
-        raise SchemaError(f"the reference {ref!r} points outside the schema; only local "
-                          "references (#/$defs/...) can be inlined")  # fmt: skip
+        raise SchemaError(
+            f"the reference {ref!r} points outside the schema; only local "
+            "references (#/$defs/...) can be inlined"
+        )
     node: Any = root
     for part in ref[2:].split("/"):
         part = part.replace("~1", "/").replace("~0", "~")
@@ -74,23 +76,27 @@ def _inline(node: Any, root: dict[str, Any], seen: tuple[str, ...], keyword: boo
     if keyword and "$ref" in node:
         ref = node["$ref"]
         if ref in seen:
-            raise SchemaError(f"the schema is recursive through {ref!r}; a recursive input "
-                              "cannot be spelled out for the policy")  # fmt: skip
+            raise SchemaError(
+                f"the schema is recursive through {ref!r}; a recursive input "
+                "cannot be spelled out for the policy"
+            )
         target = _inline(_resolve(ref, root), root, (*seen, ref), True)
         siblings = {k: v for k, v in node.items() if k != "$ref"}
         return {**target, **_inline(siblings, root, seen, True)}
     out: dict[str, Any] = {}
     for key, value in node.items():
-        if keyword and ((key in DROPPED and not isinstance(value, dict)) or key in
-                        ("$defs", "definitions")):  # fmt: skip
+        if keyword and (
+            (key in DROPPED and not isinstance(value, dict)) or key in ("$defs", "definitions")
+        ):
             continue
         # Under these keywords the keys are names, and each value is a schema.
         names = keyword and key in ("properties", "patternProperties", "dependentSchemas")
         if names and isinstance(value, dict):
             out[key] = {name: _inline(sub, root, seen, True) for name, sub in value.items()}
         else:
-            out[key] = _inline(value, root, seen, keyword and key not in ("enum", "const",
-                                                                         "default", "examples"))
+            out[key] = _inline(
+                value, root, seen, keyword and key not in ("enum", "const", "default", "examples")
+            )
     return out
 
 
@@ -103,8 +109,10 @@ def convert_schema(schema: dict[str, Any] | None) -> dict[str, Any]:
     converted = _inline(schema, schema, (), True)
     kind = converted.get("type", "object" if "properties" in converted else None)
     if kind != "object":
-        raise SchemaError(f"the input schema has type {kind!r}; tool arguments are a JSON "
-                          "object, so the schema must be {\"type\": \"object\", ...}")  # fmt: skip
+        raise SchemaError(
+            f"the input schema has type {kind!r}; tool arguments are a JSON "
+            'object, so the schema must be {"type": "object", ...}'
+        )
     converted["type"] = "object"
     converted.setdefault("properties", {})
     missing = [n for n in converted.get("required", []) if n not in converted["properties"]]
@@ -148,10 +156,18 @@ class ToolSet:
     def names(self) -> list[str]:
         return [t["function"]["name"] for t in self.tools]
 
-    def add(self, name: str, description: str, parameters: dict[str, Any],
-            server_name: str | None = None) -> str:  # fmt: skip
-        openai_name = name if OPENAI_NAME.match(name) and name not in self.schemas else \
-            _openai_name(name, set(self.schemas))  # fmt: skip
+    def add(
+        self,
+        name: str,
+        description: str,
+        parameters: dict[str, Any],
+        server_name: str | None = None,
+    ) -> str:
+        openai_name = (
+            name
+            if OPENAI_NAME.match(name) and name not in self.schemas
+            else _openai_name(name, set(self.schemas))
+        )
         if openai_name != name:
             self.renamed.append((name, openai_name))
         function = {"name": openai_name, "description": description, "parameters": parameters}
@@ -165,8 +181,9 @@ class ToolSet:
         from jsonschema import Draft202012Validator
 
         if name not in self.schemas:
-            return CallCheck(name, None, f"unknown tool {name!r}; the tools are: "
-                                         f"{', '.join(self.names)}")  # fmt: skip
+            return CallCheck(
+                name, None, f"unknown tool {name!r}; the tools are: {', '.join(self.names)}"
+            )
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments) if arguments.strip() else {}
@@ -174,16 +191,23 @@ class ToolSet:
                 return CallCheck(name, None, f"the arguments of {name} are not valid JSON: {e}")
         arguments = {} if arguments is None else arguments
         if not isinstance(arguments, dict):
-            return CallCheck(name, None, f"the arguments of {name} must be a JSON object, not "
-                                         f"{type(arguments).__name__}")  # fmt: skip
+            return CallCheck(
+                name,
+                None,
+                f"the arguments of {name} must be a JSON object, not {type(arguments).__name__}",
+            )
         validator = Draft202012Validator(self.schemas[name])
         problems = sorted(validator.iter_errors(arguments), key=lambda e: list(e.path))
         if problems:
             first = problems[0]
             where = "/".join(str(p) for p in first.path) or "(top level)"
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            return CallCheck(name, None, f"the arguments of {name} do not match its schema at "
-                                         f"{where}: {first.message}{more}")  # fmt: skip
+            return CallCheck(
+                name,
+                None,
+                f"the arguments of {name} do not match its schema at "
+                f"{where}: {first.message}{more}",
+            )
         return CallCheck(self.server_names[name], arguments, None)
 
 

@@ -43,8 +43,15 @@ from rlcoach.paths import append_jsonl, write_text_atomic
 from rlcoach.types import Message, TrajectoryGroup, save_groups
 from rlcoach.usage import ModelUsage
 
-__all__ = ["Discovery", "MCPTrainConfig", "discover", "load_check", "summarize",
-           "tool_source", "train_on_server"]  # fmt: skip
+__all__ = [
+    "Discovery",
+    "MCPTrainConfig",
+    "discover",
+    "load_check",
+    "summarize",
+    "tool_source",
+    "train_on_server",
+]
 
 PROJECT = "mcp"
 
@@ -127,21 +134,26 @@ def load_check(path: str) -> Check:
 
     module_name, sep, attribute = path.partition(":")
     if not sep or not module_name or not attribute:
-        raise ConfigError(f"check={path!r} is not `module:function`, e.g. "
-                          "`my_checks:order_placed`")  # fmt: skip
+        raise ConfigError(f"check={path!r} is not `module:function`, e.g. `my_checks:order_placed`")
     try:
         function = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as e:
-        raise ConfigError(f"check={path!r} cannot be loaded ({e}); make the module importable "
-                          "(on PYTHONPATH or installed) and name a function in it") from e
+        raise ConfigError(
+            f"check={path!r} cannot be loaded ({e}); make the module importable "
+            "(on PYTHONPATH or installed) and name a function in it"
+        ) from e
     if not callable(function):
         raise ConfigError(f"check={path!r} is a {type(function).__name__}, not a function")
     return function
 
 
-async def discover(spec: ServerSpec, *, demonstration: bool = True,
-                   examples: list[Example] | None = None,
-                   context_chars: int = 3000) -> Discovery:  # fmt: skip
+async def discover(
+    spec: ServerSpec,
+    *,
+    demonstration: bool = True,
+    examples: list[Example] | None = None,
+    context_chars: int = 3000,
+) -> Discovery:
     """Connect, list tools/resources/prompts, read text resources, build the example."""
     async with connect(spec) as server:
         tools = convert_tools(await server.list_tools())
@@ -156,14 +168,23 @@ async def discover(spec: ServerSpec, *, demonstration: bool = True,
         name, instructions = server.server_name, server.instructions
     if not tools.tools:
         skipped = "; ".join(f"{n}: {why}" for n, why in tools.skipped) or "it lists none"
-        raise ConfigError(f"MCP server {spec.label!r} offers no usable tools ({skipped}); "
-                          "there is nothing to train tool use on")  # fmt: skip
+        raise ConfigError(
+            f"MCP server {spec.label!r} offers no usable tools ({skipped}); "
+            "there is nothing to train tool use on"
+        )
     example: list[Message] = []
     if demonstration:
         async with connect(spec) as server:  # a throwaway session: the call may change state
             example = await build_demonstration(server, tools, examples or ())
-    return Discovery(name, instructions, tools, [str(r.uri) for r in resources],
-                     [p.name for p in prompts], "\n\n".join(parts)[:context_chars], example)
+    return Discovery(
+        name,
+        instructions,
+        tools,
+        [str(r.uri) for r in resources],
+        [p.name for p in prompts],
+        "\n\n".join(parts)[:context_chars],
+        example,
+    )
 
 
 async def tool_source(target: str) -> tuple[list[Any], str | None]:
@@ -185,21 +206,27 @@ def summarize(groups: list[TrajectoryGroup]) -> dict[str, float]:
         return sum(t.metrics.get(key, 0.0) for t in trajectories) / total if total else 0.0
 
     calls = sum(t.metrics.get("tool_calls", 0.0) for t in trajectories)
-    bad = sum(t.metrics.get("tool_errors", 0.0) + t.metrics.get("invalid_calls", 0.0)
-              for t in trajectories)  # fmt: skip
+    bad = sum(
+        t.metrics.get("tool_errors", 0.0) + t.metrics.get("invalid_calls", 0.0)
+        for t in trajectories
+    )
     return {
-        "rollouts": float(total), "failed": float(failed),
+        "rollouts": float(total),
+        "failed": float(failed),
         "reward": sum(t.reward for t in trajectories) / total if total else 0.0,
-        "success": mean("success"), "finished": mean("finished"),
+        "success": mean("success"),
+        "finished": mean("finished"),
         "tool_calls_per_rollout": mean("tool_calls"),
         "tool_error_rate": bad / calls if calls else 0.0,
-        "invalid_call_rate": sum(t.metrics.get("invalid_calls", 0.0) for t in trajectories)
-        / calls if calls else 0.0,
-    }  # fmt: skip
+        "invalid_call_rate": sum(t.metrics.get("invalid_calls", 0.0) for t in trajectories) / calls
+        if calls
+        else 0.0,
+    }
 
 
-async def _scenarios(config: MCPTrainConfig, found: Discovery, backend: LocalBackend,
-                     usage: ModelUsage) -> list[InputRecord]:  # fmt: skip
+async def _scenarios(
+    config: MCPTrainConfig, found: Discovery, backend: LocalBackend, usage: ModelUsage
+) -> list[InputRecord]:
     if config.scenarios_file is not None:
         records = load_records(config.scenarios_file)
         _log(f"read {len(records)} scenarios from {config.scenarios_file}")
@@ -211,14 +238,22 @@ async def _scenarios(config: MCPTrainConfig, found: Discovery, backend: LocalBac
         generator = config.generator.as_model()
     else:
         assert backend.engine is not None
-        _log("no generator given: the base model writes the scenarios (weak; pass a stronger "
-             "OpenAI-compatible generator for real runs)")  # fmt: skip
+        _log(
+            "no generator given: the base model writes the scenarios (weak; pass a stronger "
+            "OpenAI-compatible generator for real runs)"
+        )
         generator = Model(backend.engine.base_name, base_url=backend.url + "/v1")
     try:
-        return await generate_scenarios(found.tools.tools, config.scenarios, generator,
-                                        resources=found.context or None, usage=usage,
-                                        embed=minilm_embedder(), progress=config.progress,
-                                        config={"seed": config.seed})  # fmt: skip
+        return await generate_scenarios(
+            found.tools.tools,
+            config.scenarios,
+            generator,
+            resources=found.context or None,
+            usage=usage,
+            embed=minilm_embedder(),
+            progress=config.progress,
+            config={"seed": config.seed},
+        )
     except GenerationError as e:
         if len(e.records) < 2:
             raise
@@ -226,50 +261,85 @@ async def _scenarios(config: MCPTrainConfig, found: Discovery, backend: LocalBac
         return e.records
 
 
-async def _rollouts(model: TrainableModel, config: MCPTrainConfig, found: Discovery,
-                    check: Check, scenarios: list[InputRecord], samples: int,
-                    description: str, after_each: Any = None) -> list[TrajectoryGroup]:  # fmt: skip
+async def _rollouts(
+    model: TrainableModel,
+    config: MCPTrainConfig,
+    found: Discovery,
+    check: Check,
+    scenarios: list[InputRecord],
+    samples: int,
+    description: str,
+    after_each: Any = None,
+) -> list[TrajectoryGroup]:
     client = model.openai_client()
     return await gather_trajectory_groups(
-        ([run_agent(model, client, config.server, s, found.tools, config=config.agent,
-                    demonstration=found.demonstration, check=check) for _ in range(samples)]
-         for s in scenarios),
-        description=description, progress=config.progress, after_each=after_each,
-        max_concurrency=8, max_failure_fraction=1.0,
-    )  # fmt: skip
+        (
+            [
+                run_agent(
+                    model,
+                    client,
+                    config.server,
+                    s,
+                    found.tools,
+                    config=config.agent,
+                    demonstration=found.demonstration,
+                    check=check,
+                )
+                for _ in range(samples)
+            ]
+            for s in scenarios
+        ),
+        description=description,
+        progress=config.progress,
+        after_each=after_each,
+        max_concurrency=8,
+        max_failure_fraction=1.0,
+    )
 
 
 def _markdown(report: dict[str, Any]) -> str:
     before, after = report["eval_before"], report["eval_after"]
     lines = [
-        f"# rlcoach mcp train: {report['model']}", "",
+        f"# rlcoach mcp train: {report['model']}",
+        "",
         f"- server: `{report['server']}` ({report['server_name']}), tools: "
         f"{', '.join(report['tools'])}",
         f"- scenarios: {report['scenarios']['train']} train, {report['scenarios']['eval']} "
         f"held out ({report['scenarios']['source']})",
-        f"- reward: {report['reward']}", f"- LoRA: `{report['lora']}`",
-        f"- minutes: {report['minutes']:.1f}", "",
+        f"- reward: {report['reward']}",
+        f"- LoRA: `{report['lora']}`",
+        f"- minutes: {report['minutes']:.1f}",
+        "",
         "| held out | success | reward | tool-call error rate | failed rollouts |",
         "|---|---|---|---|---|",
         f"| before | {before['success']:.3f} | {before['reward']:.3f} | "
         f"{before['tool_error_rate']:.3f} | {before['failed']:.0f} |",
-        *([f"| after the SFT warm-up | {w['success']:.3f} | {w['reward']:.3f} | "
-           f"{w['tool_error_rate']:.3f} | {w['failed']:.0f} |"]
-          if (w := (report.get("warmup") or {}).get("eval")) else []),
+        *(
+            [
+                f"| after the SFT warm-up | {w['success']:.3f} | {w['reward']:.3f} | "
+                f"{w['tool_error_rate']:.3f} | {w['failed']:.0f} |"
+            ]
+            if (w := (report.get("warmup") or {}).get("eval"))
+            else []
+        ),
         f"| after | {after['success']:.3f} | {after['reward']:.3f} | "
-        f"{after['tool_error_rate']:.3f} | {after['failed']:.0f} |", "",
+        f"{after['tool_error_rate']:.3f} | {after['failed']:.0f} |",
+        "",
         "| step | reward | success | tool-call error rate | failed | trained | served |",
         "|---|---|---|---|---|---|---|",
-    ]  # fmt: skip
+    ]
     for s in report["steps"]:
-        lines.append(f"| {s['step']} | {s['reward']:.3f} | {s['success']:.3f} | "
-                     f"{s['tool_error_rate']:.3f} | {s['failed']:.0f} | {s['trained']} | "
-                     f"{s['served']} |")  # fmt: skip
+        lines.append(
+            f"| {s['step']} | {s['reward']:.3f} | {s['success']:.3f} | "
+            f"{s['tool_error_rate']:.3f} | {s['failed']:.0f} | {s['trained']} | "
+            f"{s['served']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
-async def _warm_up(model: TrainableModel, config: MCPTrainConfig,
-                   found: Discovery) -> dict[str, Any]:  # fmt: skip
+async def _warm_up(
+    model: TrainableModel, config: MCPTrainConfig, found: Discovery
+) -> dict[str, Any]:
     """SFT on the worked examples, each framed as the agent frames a task."""
     from rlcoach.types import ChatRecord
 
@@ -277,20 +347,29 @@ async def _warm_up(model: TrainableModel, config: MCPTrainConfig,
     # The demonstration is blocks of (request, call, result, reply), one per example.
     blocks = [found.demonstration[i : i + 4] for i in range(0, len(found.demonstration), 4)]
     if not blocks:
-        raise ConfigError("warmup_epochs needs worked examples, and this server gave none "
-                          "(no tool answered example arguments); fix: pass examples")  # fmt: skip
+        raise ConfigError(
+            "warmup_epochs needs worked examples, and this server gave none "
+            "(no tool answered example arguments); fix: pass examples"
+        )
     records = [ChatRecord(messages=[system, *block], tools=found.tools.tools) for block in blocks]
     sft = {"epochs": config.warmup_epochs, "learning_rate": config.warmup_learning_rate}
     result = await model.train_sft(records, sft)
     stats = result.stats
-    _log(f"warm-up: SFT on {len(records)} worked examples x {config.warmup_epochs} epochs, "
-         f"loss {stats.loss_first:.3f} -> {stats.loss_last:.3f}, serving {model.served_name}")
-    return {"examples": len(records), "epochs": config.warmup_epochs,
-            "loss_first": stats.loss_first, "loss_last": stats.loss_last}  # fmt: skip
+    _log(
+        f"warm-up: SFT on {len(records)} worked examples x {config.warmup_epochs} epochs, "
+        f"loss {stats.loss_first:.3f} -> {stats.loss_last:.3f}, serving {model.served_name}"
+    )
+    return {
+        "examples": len(records),
+        "epochs": config.warmup_epochs,
+        "loss_first": stats.loss_first,
+        "loss_last": stats.loss_last,
+    }
 
 
-async def train_on_server(config: MCPTrainConfig, backend: LocalBackend | None = None, *,
-                          check: Check | None = None) -> dict[str, Any]:  # fmt: skip
+async def train_on_server(
+    config: MCPTrainConfig, backend: LocalBackend | None = None, *, check: Check | None = None
+) -> dict[str, Any]:
     """Run the whole job (see the module docstring); returns the report.
 
     With `backend` (already started, e.g. shared by several jobs) the job uses it and
@@ -301,18 +380,24 @@ async def train_on_server(config: MCPTrainConfig, backend: LocalBackend | None =
     if check is None:
         check = load_check(config.check) if config.check else tool_use_check
     _log(f"discovering {config.server.label}")
-    found = await discover(config.server, demonstration=config.demonstration,
-                           examples=config.examples)  # fmt: skip
+    found = await discover(
+        config.server, demonstration=config.demonstration, examples=config.examples
+    )
     for name, why in found.tools.skipped:
         _log(f"skipped tool {name}: {why}")
-    _log(f"{len(found.tools.tools)} tools: {', '.join(found.tools.names)}; "
-         f"{len(found.resources)} resources, {len(found.prompts)} prompts; worked example: "
-         f"{'yes' if found.demonstration else 'none (no tool answered example arguments)'}")
+    _log(
+        f"{len(found.tools.tools)} tools: {', '.join(found.tools.names)}; "
+        f"{len(found.resources)} resources, {len(found.prompts)} prompts; worked example: "
+        f"{'yes' if found.demonstration else 'none (no tool answered example arguments)'}"
+    )
     slug = "".join(c if c.isalnum() else "-" for c in found.server_name.lower()).strip("-")
     name = config.name or f"{slug[:40] or 'server'}-{time.strftime('%Y%m%d-%H%M%S')}"
-    model = TrainableModel(name, PROJECT, base_model=config.base_model,
-                           config={"learning_rate": config.learning_rate,
-                                   "seed": config.seed})  # fmt: skip
+    model = TrainableModel(
+        name,
+        PROJECT,
+        base_model=config.base_model,
+        config={"learning_rate": config.learning_rate, "seed": config.seed},
+    )
     judge = config.judge.as_model() if config.judge is not None else None
     hook = None
     if judge is not None:
@@ -330,22 +415,43 @@ async def train_on_server(config: MCPTrainConfig, backend: LocalBackend | None =
         records = await _scenarios(config, found, backend, usage)
         train, held_out = split_records(records, config.eval_fraction, config.seed)
         if not train or not held_out:
-            raise ConfigError(f"{len(records)} scenarios split into {len(train)} train and "
-                              f"{len(held_out)} held out; both need at least one: give more "
-                              "scenarios or change eval_fraction")  # fmt: skip
-        save_dataset(paths.dir / "scenarios", train, held_out,
-                     {"server": config.server.label, "tools": found.tools.names,
-                      "usage": usage.model_dump(), "seed": config.seed})  # fmt: skip
-        _log(f"{len(train)} train and {len(held_out)} held-out scenarios in "
-             f"{paths.dir / 'scenarios'}")  # fmt: skip
+            raise ConfigError(
+                f"{len(records)} scenarios split into {len(train)} train and "
+                f"{len(held_out)} held out; both need at least one: give more "
+                "scenarios or change eval_fraction"
+            )
+        save_dataset(
+            paths.dir / "scenarios",
+            train,
+            held_out,
+            {
+                "server": config.server.label,
+                "tools": found.tools.names,
+                "usage": usage.model_dump(),
+                "seed": config.seed,
+            },
+        )
+        _log(
+            f"{len(train)} train and {len(held_out)} held-out scenarios in "
+            f"{paths.dir / 'scenarios'}"
+        )
 
         async def evaluate(key: str, label: str) -> dict[str, float]:
-            groups = await _rollouts(model, config, found, check, held_out, config.eval_samples,
-                                     f"eval {model.served_name}")  # fmt: skip
+            groups = await _rollouts(
+                model,
+                config,
+                found,
+                check,
+                held_out,
+                config.eval_samples,
+                f"eval {model.served_name}",
+            )
             save_groups(paths.dir / f"eval_{key}.jsonl", groups)
             result = summarize(groups)
-            _log(f"held-out {label}: success {result['success']:.3f} reward "
-                 f"{result['reward']:.3f} tool-call error rate {result['tool_error_rate']:.3f}")
+            _log(
+                f"held-out {label}: success {result['success']:.3f} reward "
+                f"{result['reward']:.3f} tool-call error rate {result['tool_error_rate']:.3f}"
+            )
             return result
 
         before = await evaluate("before", "before training")
@@ -355,40 +461,62 @@ async def train_on_server(config: MCPTrainConfig, backend: LocalBackend | None =
             warmup["eval"] = await evaluate("warmup", "after the SFT warm-up")
         steps: list[dict[str, Any]] = []
         first = model.step  # the warm-up's SFT step counts as a step of the model
-        batches = iterate_dataset(train, config.scenarios_per_step, epochs=1000,
-                                  seed=config.seed, initial_step=model.step)  # fmt: skip
+        batches = iterate_dataset(
+            train, config.scenarios_per_step, epochs=1000, seed=config.seed, initial_step=model.step
+        )
         for batch in batches:
             if batch.step >= first + config.steps:
                 break
             label = f"step {batch.step + 1 - first}/{config.steps} rollouts"
-            groups = await _rollouts(model, config, found, check, batch.items, config.group_size,
-                                     label, hook)  # fmt: skip
+            groups = await _rollouts(
+                model, config, found, check, batch.items, config.group_size, label, hook
+            )
             row: dict[str, Any] = {"step": batch.step + 1, **summarize(groups)}
             result = await model.train(groups)
-            row.update(trained=result.stats.trained, loss=result.stats.loss,
-                       served=model.served_name)  # fmt: skip
+            row.update(
+                trained=result.stats.trained, loss=result.stats.loss, served=model.served_name
+            )
             steps.append(row)
             append_jsonl(paths.metrics, {"event": "mcp_step", **row})
-            _log(f"step {row['step']:>3}  reward {row['reward']:.3f}  success "
-                 f"{row['success']:.3f}  tool errors {row['tool_error_rate']:.3f}  failed "
-                 f"{row['failed']:.0f}  " + (f"loss {row['loss']:+.4f}  serving {row['served']}"
-                                             if row["trained"] else
-                                             "skipped: equal rewards in every group"))
+            _log(
+                f"step {row['step']:>3}  reward {row['reward']:.3f}  success "
+                f"{row['success']:.3f}  tool errors {row['tool_error_rate']:.3f}  failed "
+                f"{row['failed']:.0f}  "
+                + (
+                    f"loss {row['loss']:+.4f}  serving {row['served']}"
+                    if row["trained"]
+                    else "skipped: equal rewards in every group"
+                )
+            )
         after = await evaluate("after", "after training")
         latest = paths.latest_checkpoint()
     report = {
-        "model": name, "served": model.served_name, "server": config.server.label,
-        "server_name": found.server_name, "tools": found.tools.names,
+        "model": name,
+        "served": model.served_name,
+        "server": config.server.label,
+        "server_name": found.server_name,
+        "tools": found.tools.names,
         "skipped_tools": [list(s) for s in found.tools.skipped],
-        "scenarios": {"train": len(train), "eval": len(held_out),
-                      "source": str(config.scenarios_file or "generated")},
-        "reward": (f"{config.judge_weight} x RULER ({config.judge.model}) + "
-                   f"{1 - config.judge_weight:g} x {getattr(check, '__name__', 'check')}"
-                   if config.judge else getattr(check, "__name__", "check")),
-        "eval_before": before, "warmup": warmup, "eval_after": after, "steps": steps,
-        "lora": str(latest[1]) if latest else None, "generator_usage": usage.model_dump(),
-        "minutes": (time.perf_counter() - started) / 60, "run_dir": str(paths.dir),
-    }  # fmt: skip
+        "scenarios": {
+            "train": len(train),
+            "eval": len(held_out),
+            "source": str(config.scenarios_file or "generated"),
+        },
+        "reward": (
+            f"{config.judge_weight} x RULER ({config.judge.model}) + "
+            f"{1 - config.judge_weight:g} x {getattr(check, '__name__', 'check')}"
+            if config.judge
+            else getattr(check, "__name__", "check")
+        ),
+        "eval_before": before,
+        "warmup": warmup,
+        "eval_after": after,
+        "steps": steps,
+        "lora": str(latest[1]) if latest else None,
+        "generator_usage": usage.model_dump(),
+        "minutes": (time.perf_counter() - started) / 60,
+        "run_dir": str(paths.dir),
+    }
     write_text_atomic(paths.dir / "report.json", json.dumps(report, indent=2) + "\n")
     write_text_atomic(paths.dir / "report.md", _markdown(report))
     _log(f"report: {paths.dir / 'report.md'}")

@@ -36,9 +36,21 @@ __all__ = ["TABLE_COLUMNS", "WandbConfig", "WandbSink"]
 
 logger = logging.getLogger(__name__)
 
-TABLE_COLUMNS = ["training_step", "group", "reward", "group_mean_reward", "policy", "task",
-                 "answer", "tool_calls", "tool_errors", "judge", "logs", "metrics",
-                 "trajectory_id"]  # fmt: skip
+TABLE_COLUMNS = [
+    "training_step",
+    "group",
+    "reward",
+    "group_mean_reward",
+    "policy",
+    "task",
+    "answer",
+    "tool_calls",
+    "tool_errors",
+    "judge",
+    "logs",
+    "metrics",
+    "trajectory_id",
+]
 
 
 class WandbConfig(BaseModel):
@@ -71,16 +83,25 @@ def _row(step: int, number: int, mean: float, trajectory: Trajectory, limit: int
     users = [m for m in trajectory.messages if m.get("role") == "user"]
     answers = [m for m in trajectory.messages if m.get("role") == "assistant"]
     judge = [entry for entry in trajectory.logs if entry.startswith("RULER ")]
-    calls = [f"{c.name}({json.dumps(c.arguments)[:200]})" + (" -> error" if c.error else "")
-             for c in line.tool_calls]  # fmt: skip
+    calls = [
+        f"{c.name}({json.dumps(c.arguments)[:200]})" + (" -> error" if c.error else "")
+        for c in line.tool_calls
+    ]
     return [
-        step, number, trajectory.reward, mean, ", ".join(trajectory.policy_versions),
+        step,
+        number,
+        trajectory.reward,
+        mean,
+        ", ".join(trajectory.policy_versions),
         _clip(content_text(users[-1].get("content")) if users else "", limit),
         _clip(content_text(answers[-1].get("content")) if answers else "", limit),
-        "\n".join(calls), sum(c.error for c in line.tool_calls),
-        _clip(judge[-1] if judge else "", limit), _clip("\n".join(trajectory.logs), limit),
-        json.dumps(trajectory.metrics, sort_keys=True), trajectory.id,
-    ]  # fmt: skip
+        "\n".join(calls),
+        sum(c.error for c in line.tool_calls),
+        _clip(judge[-1] if judge else "", limit),
+        _clip("\n".join(trajectory.logs), limit),
+        json.dumps(trajectory.metrics, sort_keys=True),
+        trajectory.id,
+    ]
 
 
 class WandbSink:
@@ -97,20 +118,29 @@ class WandbSink:
         try:
             import wandb
         except ImportError as e:
-            raise ConfigError(f"the W&B sink needs wandb ({e}); fix: pip install "
-                              "'rlcoach[wandb]'") from e  # fmt: skip
+            raise ConfigError(
+                f"the W&B sink needs wandb ({e}); fix: pip install 'rlcoach[wandb]'"
+            ) from e
         c = self.config
         self.run_info = run
         folder = c.dir or run.dir
         folder.mkdir(parents=True, exist_ok=True)
         self._run = wandb.init(
             project=c.project or os.environ.get("WANDB_PROJECT") or run.project,
-            entity=c.entity, name=c.name or run.model, group=c.group, tags=c.tags or None,
-            mode=c.mode or os.environ.get("WANDB_MODE") or "online", dir=str(folder),
-            config={"rlcoach_project": run.project, "rlcoach_model": run.model,
-                    "base_model": run.base_model, "train": run.config},
+            entity=c.entity,
+            name=c.name or run.model,
+            group=c.group,
+            tags=c.tags or None,
+            mode=c.mode or os.environ.get("WANDB_MODE") or "online",
+            dir=str(folder),
+            config={
+                "rlcoach_project": run.project,
+                "rlcoach_model": run.model,
+                "base_model": run.base_model,
+                "train": run.config,
+            },
             reinit="create_new",
-        )  # fmt: skip
+        )
         self._run.define_metric("training_step")
         self._run.define_metric("*", step_metric="training_step")
 
@@ -129,14 +159,19 @@ class WandbSink:
             mean = sum(group.rewards) / len(group.rewards) if group.rewards else 0.0
             rows += [(number, mean, t) for t in group.trajectories]
         sample = random.Random(step).sample(rows, min(len(rows), self.config.table_rows))
-        data = [_row(step, number, mean, t, self.config.max_text_chars)
-                for number, mean, t in sorted(sample, key=lambda r: r[0])]  # fmt: skip
+        data = [
+            _row(step, number, mean, t, self.config.max_text_chars)
+            for number, mean, t in sorted(sample, key=lambda r: r[0])
+        ]
         table = wandb.Table(columns=TABLE_COLUMNS, data=data)
         self._run.log({"trajectories": table, "training_step": step})
 
     def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
-        numbers = {key: float(value) for key, value in metrics.items()
-                   if isinstance(value, int | float) and key not in ("step", "time")}  # fmt: skip
+        numbers = {
+            key: float(value)
+            for key, value in metrics.items()
+            if isinstance(value, int | float) and key not in ("step", "time")
+        }
         self._run.log({**numbers, "training_step": step})
 
     def close(self) -> None:

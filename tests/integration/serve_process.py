@@ -38,8 +38,20 @@ class ServeProcess:
         env.pop("RLCOACH_API_KEY", None)
         if self.key:
             env["RLCOACH_API_KEY"] = self.key
-        command = [sys.executable, "-m", "rlcoach.cli", "-v", "serve", "--engine", self.engine,
-                   "--port", str(self.port), "--root", str(self.root), *self.extra]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "rlcoach.cli",
+            "-v",
+            "serve",
+            "--engine",
+            self.engine,
+            "--port",
+            str(self.port),
+            "--root",
+            str(self.root),
+            *self.extra,
+        ]
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + timeout_s
@@ -71,11 +83,15 @@ class ServeProcess:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.key}"}
 
-    def run_example(self, script: Path, args: list[str], client_root: Path,
-                    timeout_s: float = 600) -> subprocess.CompletedProcess:  # fmt: skip
+    def run_example(
+        self, script: Path, args: list[str], client_root: Path, timeout_s: float = 600
+    ) -> subprocess.CompletedProcess:
         """Run an example unchanged, its LocalBackend swapped for a RemoteBackend to us."""
         env = {**os.environ, "RLCOACH_URL": self.url, "RLCOACH_API_KEY": self.key or ""}
         return subprocess.run(
             [sys.executable, str(RUNNER), str(script), *args, "--root", str(client_root)],
-            capture_output=True, text=True, timeout=timeout_s, env=env,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+        )

@@ -31,9 +31,14 @@ def generator(policy):
 
 async def test_inputs_from_a_task_description(generator):
     usage = ModelUsage()
-    made = await generate_inputs("A calculator assistant that adds numbers for the user.", 6,
-                                 generator, usage=usage, progress=False,
-                                 config={"batch_size": 4, "max_chars": 160})  # fmt: skip
+    made = await generate_inputs(
+        "A calculator assistant that adds numbers for the user.",
+        6,
+        generator,
+        usage=usage,
+        progress=False,
+        config={"batch_size": 4, "max_chars": 160},
+    )
     assert len(made) == 6
     assert all(isinstance(r, InputRecord) and 8 <= len(r.text) <= 160 for r in made)
     assert len({r.id for r in made}) == 6
@@ -42,18 +47,31 @@ async def test_inputs_from_a_task_description(generator):
 
 
 async def test_scenarios_from_tools(generator):
-    made = await generate_scenarios([ADD_TOOL], 3, generator, progress=False,
-                                    config={"batch_size": 3, "max_chars": 160})  # fmt: skip
+    made = await generate_scenarios(
+        [ADD_TOOL], 3, generator, progress=False, config={"batch_size": 3, "max_chars": 160}
+    )
     assert len(made) == 3
     assert all(r.difficulty in ("easy", "medium", "hard") for r in made)
     assert all(r.metadata["kind"] == "scenario" for r in made)
 
 
 def test_the_cli_writes_a_reproducible_split(policy, tmp_path):
-    command = [str(Path(sys.executable).with_name("rlcoach")), "autorl", "generate",
-               "A calculator assistant that adds numbers for the user.", "--n", "5",
-               "--out", str(tmp_path / "data"), "--generator-url", policy.api_base,
-               "--batch-size", "5", "--eval-fraction", "0.4"]  # fmt: skip
+    command = [
+        str(Path(sys.executable).with_name("rlcoach")),
+        "autorl",
+        "generate",
+        "A calculator assistant that adds numbers for the user.",
+        "--n",
+        "5",
+        "--out",
+        str(tmp_path / "data"),
+        "--generator-url",
+        policy.api_base,
+        "--batch-size",
+        "5",
+        "--eval-fraction",
+        "0.4",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     train = load_records(tmp_path / "data" / "train.jsonl")

@@ -29,17 +29,25 @@ VOCAB = 256
 # Two mini-batches: two optimizer steps, the second with gradients on lora_A too (its
 # gradient is zero while lora_B is still at its zero init). 64-token rows: several rows
 # per rank, unevenly many.
-CONFIG = TrainConfig(learning_rate=1e-3, mini_batches=2, micro_batch_tokens=64,
-                     kl_coef=0.05, seed=3)  # fmt: skip
+CONFIG = TrainConfig(
+    learning_rate=1e-3, mini_batches=2, micro_batch_tokens=64, kl_coef=0.05, seed=3
+)
 
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=256, tie_word_embeddings=True)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("tiny-llama")
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
@@ -52,10 +60,13 @@ def _groups(seed: int) -> list[TrajectoryGroup]:
     def trajectory(reward: float) -> Trajectory:
         prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(4, 30))]
         sampled = [rng.randrange(VOCAB) for _ in range(rng.randint(2, 25))]
-        choice = SampledChoice(message={"role": "assistant", "content": "x"},
-                               prompt_token_ids=prompt, token_ids=sampled,
-                               logprobs=[-rng.uniform(3.0, 8.0) for _ in sampled],
-                               policy="tiny@0")  # fmt: skip
+        choice = SampledChoice(
+            message={"role": "assistant", "content": "x"},
+            prompt_token_ids=prompt,
+            token_ids=sampled,
+            logprobs=[-rng.uniform(3.0, 8.0) for _ in sampled],
+            policy="tiny@0",
+        )
         return Trajectory(choices=[choice], reward=reward)
 
     rewards = [[1.0, 0.0, 0.5, 0.0], [0.2, 0.9, 0.4], [1.0, 1.0, 1.0], [0.0, 1.0]]
@@ -68,8 +79,9 @@ def _adapter(trainer: LoraTrainer) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def ranks(tiny_model):
-    trainer = DistributedTrainer(tiny_model, CONFIG, ranks=2, start_timeout_s=300,
-                                 call_timeout_s=120)  # fmt: skip
+    trainer = DistributedTrainer(
+        tiny_model, CONFIG, ranks=2, start_timeout_s=300, call_timeout_s=120
+    )
     yield trainer
     trainer.close()
 
@@ -88,8 +100,15 @@ def test_two_ranks_match_the_single_process_step(tiny_model, ranks, tmp_path):
     expected = single.step(groups)
     got = ranks.step(groups)
 
-    for name in ("trained", "groups", "groups_skipped_no_variance", "trajectories",
-                 "sequences", "sampled_tokens", "total_tokens"):  # fmt: skip
+    for name in (
+        "trained",
+        "groups",
+        "groups_skipped_no_variance",
+        "trajectories",
+        "sequences",
+        "sampled_tokens",
+        "total_tokens",
+    ):
         assert getattr(got, name) == getattr(expected, name), name
     assert expected.groups_skipped_no_variance == 1 and expected.trained
     for name in ("loss", "grad_norm", "clip_fraction", "kl", "mean_ratio"):
@@ -116,8 +135,12 @@ def test_checkpoint_is_written_once_and_resumes(tiny_model, ranks, tmp_path):
     ranks.save(tmp_path / "ranks")
     names = sorted(p.name for p in (tmp_path / "ranks").iterdir())
     assert names == sorted(p.name for p in (tmp_path / "single").iterdir())
-    assert names == ["README.md", "adapter_config.json", "adapter_model.safetensors",
-                     OPTIMIZER_FILE]  # fmt: skip
+    assert names == [
+        "README.md",
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        OPTIMIZER_FILE,
+    ]
     config = json.loads((tmp_path / "ranks" / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == str(tiny_model)
     state = torch.load(tmp_path / "ranks" / OPTIMIZER_FILE)
@@ -136,8 +159,7 @@ def test_checkpoint_is_written_once_and_resumes(tiny_model, ranks, tmp_path):
 
     saved = load_file(str(tmp_path / "after" / "adapter_model.safetensors"))
     for name, value in _adapter(reference).items():
-        torch.testing.assert_close(saved[name.replace(".default", "")], value,
-                                   rtol=1e-5, atol=1e-7)  # fmt: skip
+        torch.testing.assert_close(saved[name.replace(".default", "")], value, rtol=1e-5, atol=1e-7)
 
     # And peft loads the ranks' adapter onto the base model.
     from peft import PeftModel
@@ -149,8 +171,9 @@ def test_checkpoint_is_written_once_and_resumes(tiny_model, ranks, tmp_path):
 async def test_a_killed_rank_fails_the_next_step_clearly_and_is_replaced(tiny_model, tmp_path):
     """Through LocalBackend's trainer cache (the seam of test_trainer_cache: a model path
     set by hand, so no engine is started): `cpu_train_ranks=2` makes the ranks."""
-    backend = LocalBackend(tmp_path, engine={"kind": "transformers",
-                                             "placement": {"cpu_train_ranks": 2}})  # fmt: skip
+    backend = LocalBackend(
+        tmp_path, engine={"kind": "transformers", "placement": {"cpu_train_ranks": 2}}
+    )
     backend._model_path = tiny_model
     model = TrainableModel("tiny", "distributed", config=CONFIG)
     try:

@@ -15,18 +15,58 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # vLLM, not transformers.
 SMALL = {
     "ruler_calculator.py": ["--eval-questions", "1", "--questions", "1", "--group-size", "2"],
-    "autorl_task.py": ["--engine", "vllm", "--inputs", "6", "--inputs-per-step", "1",
-                       "--group-size", "2", "--max-tokens", "16"],
-    "langgraph_sqlite.py": ["--engine", "vllm", "--questions", "4", "--questions-per-step",
-                            "1", "--group-size", "2", "--eval-questions", "1",
-                            "--eval-samples", "1", "--max-tokens", "24"],
+    "autorl_task.py": [
+        "--engine",
+        "vllm",
+        "--inputs",
+        "6",
+        "--inputs-per-step",
+        "1",
+        "--group-size",
+        "2",
+        "--max-tokens",
+        "16",
+    ],
+    "langgraph_sqlite.py": [
+        "--engine",
+        "vllm",
+        "--questions",
+        "4",
+        "--questions-per-step",
+        "1",
+        "--group-size",
+        "2",
+        "--eval-questions",
+        "1",
+        "--eval-samples",
+        "1",
+        "--max-tokens",
+        "24",
+    ],
 }
 # One step of one group of two attempts, one held-out instance: a smoke run, not a result.
-GALLERY_TINY = ["--tasks-per-step", "1", "--group-size", "2", "--eval-tasks", "1",
-                "--eval-samples", "1"]
+GALLERY_TINY = [
+    "--tasks-per-step",
+    "1",
+    "--group-size",
+    "2",
+    "--eval-tasks",
+    "1",
+    "--eval-samples",
+    "1",
+]
 GALLERY = {
-    "email_search/train.py": [*GALLERY_TINY, "--max-turns", "3", "--max-tokens", "32",
-                              "--warmup-examples", "2", "--warmup-epochs", "1"],
+    "email_search/train.py": [
+        *GALLERY_TINY,
+        "--max-turns",
+        "3",
+        "--max-tokens",
+        "32",
+        "--warmup-examples",
+        "2",
+        "--warmup-epochs",
+        "1",
+    ],
     "game_2048/train.py": [*GALLERY_TINY, "--moves", "3"],
     "tictactoe/train.py": GALLERY_TINY,
     "temporal_clue/train.py": GALLERY_TINY,
@@ -35,10 +75,21 @@ GALLERY = {
 
 def run_example(script: str, args: list[str], root: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(EXAMPLES / script), "--steps", "1", "--engine", "transformers",
-         "--root", str(root), *args],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(EXAMPLES / script),
+            "--steps",
+            "1",
+            "--engine",
+            "transformers",
+            "--root",
+            str(root),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.parametrize("script", sorted(p.name for p in EXAMPLES.glob("*.py")))

@@ -49,51 +49,86 @@ def langfuse_env(receiver, monkeypatch):
 
 
 def _choice(message, start, tokens=3):
-    return SampledChoice(message=message, prompt_token_ids=list(range(40)),
-                         token_ids=list(range(tokens)), logprobs=[-0.5] * tokens,
-                         policy="agent@2", finish_reason="stop", started_at=start,
-                         latency_s=0.25)  # fmt: skip
+    return SampledChoice(
+        message=message,
+        prompt_token_ids=list(range(40)),
+        token_ids=list(range(tokens)),
+        logprobs=[-0.5] * tokens,
+        policy="agent@2",
+        finish_reason="stop",
+        started_at=start,
+        latency_s=0.25,
+    )
 
 
 def _agent(answer: str) -> Trajectory:
     """Two tool calls (one fails) then an answer, plus a sub-agent history."""
     ask = {"role": "assistant", "content": None, "tool_calls": [ADD, BAD]}
     final = {"role": "assistant", "content": f"answer {answer}"}
-    messages = [{"role": "system", "content": "You add numbers."},
-                {"role": "user", "content": "What is 2 + 3?"}, ask,
-                {"role": "tool", "tool_call_id": "c1", "content": "5"},
-                {"role": "tool", "tool_call_id": "c2", "content": "error: a must be an integer"},
-                final]  # fmt: skip
+    messages = [
+        {"role": "system", "content": "You add numbers."},
+        {"role": "user", "content": "What is 2 + 3?"},
+        ask,
+        {"role": "tool", "tool_call_id": "c1", "content": "5"},
+        {"role": "tool", "tool_call_id": "c2", "content": "error: a must be an integer"},
+        final,
+    ]
     summary = {"role": "assistant", "content": "sums"}
     return Trajectory(
-        messages=messages, choices=[_choice(ask, 1000.0), _choice(final, 1001.0, 5)],
-        additional_histories=[History(messages=[{"role": "user", "content": "summarise"},
-                                                summary], choices=[_choice(summary, 1002.0)])],
-        reward=float(answer == "5"), metrics={"success": float(answer == "5")},
-        metadata={"task": "add-2-3", "split": "train"}, started_at=999.5, finished_at=1003.0,
-    )  # fmt: skip
+        messages=messages,
+        choices=[_choice(ask, 1000.0), _choice(final, 1001.0, 5)],
+        additional_histories=[
+            History(
+                messages=[{"role": "user", "content": "summarise"}, summary],
+                choices=[_choice(summary, 1002.0)],
+            )
+        ],
+        reward=float(answer == "5"),
+        metrics={"success": float(answer == "5")},
+        metadata={"task": "add-2-3", "split": "train"},
+        started_at=999.5,
+        finished_at=1003.0,
+    )
 
 
 def _judge(request: dict) -> str:
     """Scores by the number each attempt answered: 'answer 5' is right."""
     text = request["messages"][1]["content"]
     bodies = dict(re.findall(r'<trajectory id="(\d+)">\n(.*?)\n</trajectory>', text, re.DOTALL))
-    return json.dumps({label: {"score": 0.9 if "answer 5" in body else 0.1,
-                               "explanation": "right sum" if "answer 5" in body else "wrong sum"}
-                       for label, body in bodies.items()})  # fmt: skip
+    return json.dumps(
+        {
+            label: {
+                "score": 0.9 if "answer 5" in body else 0.1,
+                "explanation": "right sum" if "answer 5" in body else "wrong sum",
+            }
+            for label, body in bodies.items()
+        }
+    )
 
 
 async def test_rollouts_become_trace_trees_with_scores(receiver, langfuse_env, scripted, tmp_path):
     scripted.answer = _judge
-    group = await score_group(TrajectoryGroup([_agent("5"), _agent("6")]), scripted.model,
-                              config=RulerConfig(cache_dir=tmp_path / "cache"))  # fmt: skip
+    group = await score_group(
+        TrajectoryGroup([_agent("5"), _agent("6")]),
+        scripted.model,
+        config=RulerConfig(cache_dir=tmp_path / "cache"),
+    )
     group.failures.append(RolloutFailure(type="ToolTimeoutError", message="add was too slow"))
     sinks = open_sinks(run_info(tmp_path, "proj", "agent", "base", {}), SinkConfig())
     assert sinks.names == ["langfuse"]  # turned on by the environment alone
     sinks.log_trajectories(3, [group])
-    record = sinks.log_metrics(3, {"event": "train", "loss": 0.12, "kl": 0.01, "grad_norm": 0.5,
-                                   "step_seconds": 12.0, "publish_seconds": 0.08,
-                                   **rollout_metrics([group])})  # fmt: skip
+    record = sinks.log_metrics(
+        3,
+        {
+            "event": "train",
+            "loss": 0.12,
+            "kl": 0.01,
+            "grad_norm": 0.5,
+            "step_seconds": 12.0,
+            "publish_seconds": 0.08,
+            **rollout_metrics([group]),
+        },
+    )
     sinks.close()  # flushes the SDK
     assert record["sink_errors/langfuse"] == 0 and sinks.counters()["sink_errors/langfuse"] == 0
 
@@ -121,10 +156,14 @@ async def test_rollouts_become_trace_trees_with_scores(receiver, langfuse_env, s
         assert last.attr("output")["content"].startswith("answer")
         assert (first.start_ns, first.end_ns) == (1_000_000_000_000, 1_000_250_000_000)
         (sub,) = [g for g in generations if g not in main]
-        assert by_id[sub.parent_id].name == "history-1" and by_id[sub.parent_id].parent_id == \
-            root.span_id  # fmt: skip
-        tools = sorted((s for s in spans if s.type == "tool"), key=lambda s: s.attr("input")["a"]
-                       if isinstance(s.attr("input")["a"], int) else 99)  # fmt: skip
+        assert (
+            by_id[sub.parent_id].name == "history-1"
+            and by_id[sub.parent_id].parent_id == root.span_id
+        )
+        tools = sorted(
+            (s for s in spans if s.type == "tool"),
+            key=lambda s: s.attr("input")["a"] if isinstance(s.attr("input")["a"], int) else 99,
+        )
         assert [t.name for t in tools] == ["add", "add"]
         assert tools[0].attr("input") == {"a": 2, "b": 3}
         assert tools[0].attributes["langfuse.observation.output"] == "5"
@@ -140,8 +179,11 @@ async def test_rollouts_become_trace_trees_with_scores(receiver, langfuse_env, s
 
     failed = [spans for spans in traces.values() if spans[0].attr("level") == "ERROR"]
     assert len(failed) == 1 and "ToolTimeoutError" in failed[0][0].attr("status_message")
-    (step,) = [spans for spans in traces.values()
-               if spans[0].attributes.get("langfuse.trace.name") == "proj/agent/3/train"]
+    (step,) = [
+        spans
+        for spans in traces.values()
+        if spans[0].attributes.get("langfuse.trace.name") == "proj/agent/3/train"
+    ]
     assert step[0].attr("output")["loss"] == 0.12
     step_scores = receiver.scores_of(step[0].trace_id)
     assert step_scores["reward_mean"]["value"] == 0.5 and step_scores["loss"]["value"] == 0.12
@@ -166,9 +208,10 @@ def test_langfuse_stays_off_without_its_keys(tmp_path, monkeypatch):
 def test_an_unreachable_langfuse_is_counted_not_fatal(tmp_path, monkeypatch, receiver):
     monkeypatch.setenv("LANGFUSE_PUBLIC_KEY", f"pk-lf-{uuid.uuid4().hex[:8]}")
     monkeypatch.setenv("LANGFUSE_SECRET_KEY", "sk")
-    sinks = open_sinks(run_info(tmp_path, "p", "m", "b", {}),
-                       SinkConfig(plugins={"langfuse": {"host": "http://127.0.0.1:9",
-                                                        "timeout_s": 1}}))  # fmt: skip
+    sinks = open_sinks(
+        run_info(tmp_path, "p", "m", "b", {}),
+        SinkConfig(plugins={"langfuse": {"host": "http://127.0.0.1:9", "timeout_s": 1}}),
+    )
     sinks.log_trajectories(1, [TrajectoryGroup([_agent("5")])])
     sinks.log_metrics(1, {"event": "train"})
     sinks.close()  # the SDK logs its export failures; the step never saw them
@@ -178,18 +221,39 @@ def test_an_unreachable_langfuse_is_counted_not_fatal(tmp_path, monkeypatch, rec
 @pytest.mark.vllm
 def test_training_run_sends_a_trace_tree_for_every_rollout(receiver, tmp_path):
     """The issue's 'done when': examples/basic_loop.py on vLLM with LANGFUSE_* set."""
-    env = {**os.environ, "LANGFUSE_PUBLIC_KEY": "pk-lf-example", "LANGFUSE_SECRET_KEY": "sk",
-           "LANGFUSE_HOST": receiver.url}  # fmt: skip
-    done = subprocess.run([sys.executable, str(ROOT / "examples" / "basic_loop.py"), "--steps",
-                           "2", "--engine", "vllm", "--root", str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    env = {
+        **os.environ,
+        "LANGFUSE_PUBLIC_KEY": "pk-lf-example",
+        "LANGFUSE_SECRET_KEY": "sk",
+        "LANGFUSE_HOST": receiver.url,
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "basic_loop.py"),
+            "--steps",
+            "2",
+            "--engine",
+            "vllm",
+            "--root",
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     run = tmp_path / "examples" / "basic"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert all(r["sink_errors/langfuse"] == 0 for r in records)
     traces = receiver.traces()
-    trajectories = [t for path in sorted((run / "trajectories").glob("*.jsonl"))
-                    for g in load_groups(path) for t in g.trajectories]  # fmt: skip
+    trajectories = [
+        t
+        for path in sorted((run / "trajectories").glob("*.jsonl"))
+        for g in load_groups(path)
+        for t in g.trajectories
+    ]
     assert len(trajectories) == 16
     for trajectory in trajectories:
         spans = traces[trace_id(trajectory.id)]
@@ -200,6 +264,7 @@ def test_training_run_sends_a_trace_tree_for_every_rollout(receiver, tmp_path):
         assert generation.attr("usage_details")["output"] == len(trajectory.choices[0].token_ids)
         assert generation.end_ns > generation.start_ns  # real latency from the gateway
         assert receiver.scores_of(root.trace_id)["reward"]["value"] == pytest.approx(
-            trajectory.reward)
+            trajectory.reward
+        )
     steps = [s for s in receiver.spans if s.name == "train-step"]
     assert len(steps) == len(records)

@@ -81,8 +81,11 @@ async def assert_trains(backend, model, trajectories) -> None:
     result = await model.train([TrajectoryGroup(trajectories)])
     assert result.stats.trained and result.stats.sampled_tokens > 0
     after = adapter(backend, model)
-    changed = [name for name, value in after.items()
-               if name not in before or not torch.equal(before[name], value)]  # fmt: skip
+    changed = [
+        name
+        for name, value in after.items()
+        if name not in before or not torch.equal(before[name], value)
+    ]
     assert changed, "the optimizer step left every LoRA tensor as it was"
 
 
@@ -102,8 +105,10 @@ async def test_prebuilt_react_agent_with_two_tools(policy, vllm_backend):
 
     def pick_model(state, runtime):  # LangGraph's dynamic-model hook
         item = "lamp" if "lamp" in state["messages"][0].content else "kettle"
-        plan = [forced_call("lookup_price", {"item": item}),
-                forced_call("count_stock", {"name": item})]  # a bad argument: a tool error
+        plan = [
+            forced_call("lookup_price", {"item": item}),
+            forced_call("count_stock", {"name": item}),
+        ]  # a bad argument: a tool error
         done = sum(m.type == "tool" for m in state["messages"])
         if done < len(plan):
             return llm.bind_tools(tools, extra_body=plan[done])
@@ -116,7 +121,8 @@ async def test_prebuilt_react_agent_with_two_tools(policy, vllm_backend):
         async with rollout(policy, task=item) as scope:
             state = await graph.ainvoke(
                 {"messages": [("user", f"How much is a {item}, and is it in stock?")]},
-                config={"callbacks": [counter]})  # fmt: skip
+                config={"callbacks": [counter]},
+            )
             scope.record_state(state)
         trajectory = scope.trajectory
         assert counter.calls == 3
@@ -130,7 +136,9 @@ async def test_prebuilt_react_agent_with_two_tools(policy, vllm_backend):
         assert "item" in trajectory.messages[4]["content"]  # the validation error it sent back
         assert trajectory.metrics == {"tool_calls": 2.0, "tool_errors": 1.0}
         assert trajectory.tools and {t["function"]["name"] for t in trajectory.tools} == {
-            "lookup_price", "count_stock"}  # fmt: skip
+            "lookup_price",
+            "count_stock",
+        }
         assert_exact_tokens(trajectory)
         trajectories.append(trajectory)
     await assert_trains(vllm_backend, policy, trajectories)
@@ -151,7 +159,8 @@ async def test_a_sub_agent_lands_in_an_extra_history_and_a_fixed_model_is_not_tr
         sub.add_node("summarise", summarise)
         sub.add_edge(START, "summarise")
         notes = await sub.compile().ainvoke(
-            {"messages": [("user", "Summarise in five words: kettles boil water.")]})
+            {"messages": [("user", "Summarise in five words: kettles boil water.")]}
+        )
         return {"messages": [HumanMessage(f"Research notes: {notes['messages'][-1].content}")]}
 
     async def agent(state: MessagesState):
@@ -176,8 +185,9 @@ async def test_a_sub_agent_lands_in_an_extra_history_and_a_fixed_model_is_not_tr
     @rollout_fn(policy, task="appliance-notes")
     async def attempt(scope, question):
         counter = CallCounter()
-        state = await graph.ainvoke({"messages": [("user", question)]},
-                                    config={"callbacks": [counter]})  # fmt: skip
+        state = await graph.ainvoke(
+            {"messages": [("user", question)]}, config={"callbacks": [counter]}
+        )
         scope.record_state(state)
         scope.metrics["graph_calls"] = counter.calls
 
@@ -244,8 +254,12 @@ async def test_a_streamed_run(policy, vllm_backend):
                 {"messages": [("user", f"Name a {room} appliance.")]}, stream_mode="messages"
             ):
                 streamed += chunk.content
-            events = [e["event"] async for e in graph.astream_events(
-                {"messages": [("user", "Name a colour.")]}, version="v2")]  # fmt: skip
+            events = [
+                e["event"]
+                async for e in graph.astream_events(
+                    {"messages": [("user", "Name a colour.")]}, version="v2"
+                )
+            ]
         trajectory = scope.trajectory
         assert "on_chat_model_stream" in events
         # two runs, two calls: the one that streamed tokens extends nothing the other saw
@@ -284,8 +298,9 @@ async def test_retries_and_fallbacks_are_captured(policy, vllm_backend):
     for thing in ("kettle", "lamp"):
         counter = CallCounter()
         async with rollout(policy) as scope:
-            await graph.ainvoke({"messages": [("user", f"Describe a {thing}.")]},
-                                config={"callbacks": [counter]})  # fmt: skip
+            await graph.ainvoke(
+                {"messages": [("user", f"Describe a {thing}.")]}, config={"callbacks": [counter]}
+            )
         trajectory = scope.trajectory
         assert counter.calls == 4  # missing, policy, missing again, policy again
         # the retry asks the same question again: a second history, not a continuation

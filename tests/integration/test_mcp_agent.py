@@ -52,16 +52,22 @@ async def test_time_server_rollouts_call_real_tools_and_train_a_step(agent):
     good = forced("get_current_time", {"timezone": "Asia/Tokyo"})
     bad = forced("get_current_time", {"timezone": "Mars/Olympus_Mons"})
     groups = await gather_trajectory_groups(
-        [[run_agent(agent, client, TIME, "What time is it in Tokyo?", tools, config=c)
-          for c in (good, bad)]], progress=False,
-    )  # fmt: skip
+        [
+            [
+                run_agent(agent, client, TIME, "What time is it in Tokyo?", tools, config=c)
+                for c in (good, bad)
+            ]
+        ],
+        progress=False,
+    )
     [group] = groups
     assert not group.failures
     ok, failed = group.trajectories
     assert ok.metrics["tool_ok"] == 1 and ok.metrics["tool_calls"] == 1
     call = ok.messages[-2]["tool_calls"][0]["function"]
     assert call["name"] == "get_current_time" and json.loads(call["arguments"]) == {
-        "timezone": "Asia/Tokyo"}  # fmt: skip
+        "timezone": "Asia/Tokyo"
+    }
     result = ok.messages[-1]
     assert result["role"] == "tool" and '"timezone": "Asia/Tokyo"' in result["content"]
     assert "datetime" in result["content"]  # the server's real answer
@@ -80,9 +86,15 @@ async def test_the_free_policy_runs_to_a_final_answer_or_the_turn_limit(agent):
         example = await build_demonstration(server, tools)
     assert example[1]["tool_calls"][0]["function"]["name"] in tools.names
     assert example[2]["role"] == "tool" and "datetime" in example[2]["content"]
-    trajectory = await run_agent(agent, agent.openai_client(), TIME, "What time is it in Paris?",
-                                 tools, demonstration=example,
-                                 config={"max_turns": 2, "max_tokens": 48})  # fmt: skip
+    trajectory = await run_agent(
+        agent,
+        agent.openai_client(),
+        TIME,
+        "What time is it in Paris?",
+        tools,
+        demonstration=example,
+        config={"max_turns": 2, "max_tokens": 48},
+    )
     m = trajectory.metrics
     assert 1 <= m["turns"] <= 2 and (m["finished"] == 1 or m["turns"] == 2)
     assert trajectory.metadata["prompt_messages"] == 1 + len(example)
@@ -103,9 +115,15 @@ async def test_faults_are_answered_counted_or_fail_only_their_rollout(agent):
         "crash": forced("crash", {}),
     }
     [group] = await gather_trajectory_groups(
-        [[run_agent(agent, client, FAULTY, "Do the thing.", tools, config=c)
-          for c in configs.values()]], progress=False, max_failure_fraction=1.0,
-    )  # fmt: skip
+        [
+            [
+                run_agent(agent, client, FAULTY, "Do the thing.", tools, config=c)
+                for c in configs.values()
+            ]
+        ],
+        progress=False,
+        max_failure_fraction=1.0,
+    )
     echo, tool_error, rejected = group.trajectories
     assert "more characters cut by rlcoach; result_chars=80" in echo.messages[-1]["content"]
     assert len(echo.messages[-1]["content"]) <= 80 and echo.metrics["tool_ok"] == 1
@@ -124,10 +142,18 @@ async def test_faults_are_answered_counted_or_fail_only_their_rollout(agent):
 async def test_train_on_server_writes_a_report(agent, vllm_backend, tmp_path):
     """The whole job on our inventory server, scenarios written by the bundled model, with
     an SFT warm-up on the automatic worked example (step 1) before the RL step (step 2)."""
-    config = MCPTrainConfig(server=INVENTORY, name="inventory-job", steps=1, scenarios=6,
-                            group_size=2, scenarios_per_step=1, eval_fraction=0.34,
-                            warmup_epochs=1, agent={"max_turns": 2, "max_tokens": 48},
-                            progress=False)  # fmt: skip
+    config = MCPTrainConfig(
+        server=INVENTORY,
+        name="inventory-job",
+        steps=1,
+        scenarios=6,
+        group_size=2,
+        scenarios_per_step=1,
+        eval_fraction=0.34,
+        warmup_epochs=1,
+        agent={"max_turns": 2, "max_tokens": 48},
+        progress=False,
+    )
     report = await train_on_server(config, backend=vllm_backend)
     folder = Path(report["run_dir"])
     saved = json.loads((folder / "report.json").read_text())
@@ -139,7 +165,8 @@ async def test_train_on_server_writes_a_report(agent, vllm_backend, tmp_path):
         assert len(groups) == saved["scenarios"]["eval"]
     [step] = saved["steps"]
     assert step["rollouts"] == 2 * config.scenarios_per_step and step["served"].startswith(
-        "inventory-job@")  # fmt: skip
+        "inventory-job@"
+    )
     for key in ("success", "reward", "tool_error_rate"):
         assert 0.0 <= saved["eval_before"][key] <= 1.0 and 0.0 <= saved["eval_after"][key] <= 1
     assert "| step | reward |" in (folder / "report.md").read_text()
@@ -151,15 +178,29 @@ async def test_train_on_server_writes_a_report(agent, vllm_backend, tmp_path):
 def test_autorl_cli_writes_scenarios_for_an_mcp_server(policy, tmp_path):
     """`rlcoach autorl generate --mcp`: AutoRL reaches the server through the plugin."""
     server = f"{sys.executable} -m rlcoach.integrations.mcp.inventory"
-    command = [str(Path(sys.executable).with_name("rlcoach")), "autorl", "generate",
-               "--mcp", server, "--n", "4", "--out", str(tmp_path / "data"),
-               "--generator-url", policy.api_base, "--batch-size", "4",
-               "--no-system-prompt"]  # fmt: skip
+    command = [
+        str(Path(sys.executable).with_name("rlcoach")),
+        "autorl",
+        "generate",
+        "--mcp",
+        server,
+        "--n",
+        "4",
+        "--out",
+        str(tmp_path / "data"),
+        "--generator-url",
+        policy.api_base,
+        "--batch-size",
+        "4",
+        "--no-system-prompt",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     manifest = json.loads((tmp_path / "data" / "dataset.json").read_text())
     assert manifest["mcp"] == server and manifest["tools"][:2] == ["search_items", "get_item"]
-    records = [*load_records(tmp_path / "data" / "train.jsonl"),
-               *load_records(tmp_path / "data" / "eval.jsonl")]  # fmt: skip
+    records = [
+        *load_records(tmp_path / "data" / "train.jsonl"),
+        *load_records(tmp_path / "data" / "eval.jsonl"),
+    ]
     assert len(records) == 4 and {r.metadata["kind"] for r in records} == {"scenario"}
     assert "5 tools from" in done.stderr

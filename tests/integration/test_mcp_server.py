@@ -21,8 +21,13 @@ async def _exercise_inventory(spec: ServerSpec) -> None:
     async with connect(spec) as server:
         assert server.server_name == "rlcoach-inventory"
         tools = convert_tools(await server.list_tools())
-        assert tools.names == ["search_items", "get_item", "update_stock", "create_order",
-                               "list_orders"]  # fmt: skip
+        assert tools.names == [
+            "search_items",
+            "get_item",
+            "update_stock",
+            "create_order",
+            "list_orders",
+        ]
         order = tools.schemas["create_order"]
         assert order["required"] == ["sku", "quantity", "customer"]
         assert order["properties"]["customer"]["required"] == ["name", "email"]  # $ref inlined
@@ -37,13 +42,20 @@ async def _exercise_inventory(spec: ServerSpec) -> None:
         missing = await server.call_tool("get_item", {"sku": "NOPE-1"})  # the tool's own error
         assert missing.is_error and "no item with SKU 'NOPE-1'" in missing.text
 
-        bad = tools.check_call("create_order", '{"sku": "WID-100", "quantity": 0, '
-                                               '"customer": {"name": "Ann"}}')  # fmt: skip
+        bad = tools.check_call(
+            "create_order", '{"sku": "WID-100", "quantity": 0, "customer": {"name": "Ann"}}'
+        )
         assert bad.arguments is None and "create_order" in bad.error and "customer" in bad.error
         assert "not valid JSON" in tools.check_call("get_item", "{sku: 1").error
         assert "unknown tool 'get_items'" in tools.check_call("get_items", "{}").error
-        good = tools.check_call("create_order", {"sku": "WID-100", "quantity": 2, "customer":
-                                {"name": "Ann", "email": "ann@example.com"}})  # fmt: skip
+        good = tools.check_call(
+            "create_order",
+            {
+                "sku": "WID-100",
+                "quantity": 2,
+                "customer": {"name": "Ann", "email": "ann@example.com"},
+            },
+        )
         assert good.error is None
         placed = await server.call_tool(good.name, good.arguments)
         assert not placed.is_error and '"total": 5.0' in placed.text
@@ -59,8 +71,9 @@ def http_inventory():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    process = subprocess.Popen([*INVENTORY.command, "--transport", "http", "--port", str(port)],
-                               stderr=subprocess.PIPE)  # fmt: skip
+    process = subprocess.Popen(
+        [*INVENTORY.command, "--transport", "http", "--port", str(port)], stderr=subprocess.PIPE
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         assert process.poll() is None, process.stderr.read().decode()
@@ -83,8 +96,10 @@ async def test_third_party_time_server_over_stdio():
     async with connect(ServerSpec.from_command(f"{command} --local-timezone Etc/UTC")) as server:
         tools = convert_tools(await server.list_tools())
         assert {"get_current_time", "convert_time"} <= set(tools.names)
-        check = tools.check_call("convert_time", '{"source_timezone": "Europe/Paris", '
-                                 '"time": "12:00", "target_timezone": "Asia/Tokyo"}')  # fmt: skip
+        check = tools.check_call(
+            "convert_time",
+            '{"source_timezone": "Europe/Paris", "time": "12:00", "target_timezone": "Asia/Tokyo"}',
+        )
         result = await server.call_tool(check.name, check.arguments)
         assert not result.is_error and "Asia/Tokyo" in result.text
         wrong = await server.call_tool("get_current_time", {"timezone": "Mars/Olympus"})
@@ -92,8 +107,13 @@ async def test_third_party_time_server_over_stdio():
 
 
 async def test_server_that_exits_at_start_reports_its_stderr():
-    spec = ServerSpec(command=[sys.executable, "-c", "import sys; print('no database "
-                               "configured', file=sys.stderr); sys.exit(3)"])  # fmt: skip
+    spec = ServerSpec(
+        command=[
+            sys.executable,
+            "-c",
+            "import sys; print('no database configured', file=sys.stderr); sys.exit(3)",
+        ]
+    )
     with pytest.raises(MCPServerError, match=r"(?s)start-up failed.*no database configured"):
         async with connect(spec):
             pass
@@ -101,8 +121,11 @@ async def test_server_that_exits_at_start_reports_its_stderr():
         async with connect(ServerSpec(command=["/nonexistent/mcp-server"])):
             pass
     with pytest.raises(MCPServerError, match="handshake within startup_timeout_s=2"):
-        async with connect(ServerSpec(command=[sys.executable, "-c", "import time; "
-                                      "time.sleep(60)"], startup_timeout_s=2)):  # fmt: skip
+        async with connect(
+            ServerSpec(
+                command=[sys.executable, "-c", "import time; time.sleep(60)"], startup_timeout_s=2
+            )
+        ):
             pass
 
 
@@ -125,4 +148,8 @@ def test_spec_rejects_ambiguous_or_bad_transports():
     with pytest.raises(ValueError, match="not an http"):
         ServerSpec(url="127.0.0.1:8000/mcp")
     assert ServerSpec.from_command("uvx mcp-server-time --local-timezone 'Etc/UTC'").command == [
-        "uvx", "mcp-server-time", "--local-timezone", "Etc/UTC"]  # fmt: skip
+        "uvx",
+        "mcp-server-time",
+        "--local-timezone",
+        "Etc/UTC",
+    ]

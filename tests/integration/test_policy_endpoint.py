@@ -13,8 +13,9 @@ HELLO = [{"role": "user", "content": "Say hello."}]
 
 async def test_completions_carry_token_ids_and_logprobs(policy):
     client = policy.openai_client()
-    reply = await client.chat.completions.create(model=policy.served_name, messages=HELLO,
-                                                 max_tokens=8, temperature=1.0)  # fmt: skip
+    reply = await client.chat.completions.create(
+        model=policy.served_name, messages=HELLO, max_tokens=8, temperature=1.0
+    )
     assert reply.model == "calc@0"
     data = reply.model_dump()
     choice = data["choices"][0]
@@ -27,8 +28,9 @@ async def test_completions_carry_token_ids_and_logprobs(policy):
 async def test_a_rollout_records_the_exact_sampled_tokens(policy):
     client = policy.openai_client()
     async with policy.rollout(task="hello") as rollout:
-        reply = await client.chat.completions.create(model=policy.served_name, messages=HELLO,
-                                                     max_tokens=8)  # fmt: skip
+        reply = await client.chat.completions.create(
+            model=policy.served_name, messages=HELLO, max_tokens=8
+        )
     trajectory = rollout.trajectory
     (choice,) = trajectory.choices
     assert choice.token_ids == reply.model_dump()["choices"][0]["token_ids"]
@@ -44,9 +46,16 @@ async def test_tools_come_back_as_parsed_tool_calls(policy):
     found = []
     for question in [Question(12, 30), Question(205, 311), Question(40, 2)]:
         reply = await client.chat.completions.create(
-            model=policy.served_name, tools=[ADD_TOOL], temperature=1.0, max_tokens=48, n=8,
-            messages=[*question.messages()[:-1], *_worked_example(7, 8, "call_2"),
-                      question.messages()[-1]],
+            model=policy.served_name,
+            tools=[ADD_TOOL],
+            temperature=1.0,
+            max_tokens=48,
+            n=8,
+            messages=[
+                *question.messages()[:-1],
+                *_worked_example(7, 8, "call_2"),
+                question.messages()[-1],
+            ],
         )
         assert len(reply.choices) == 8
         found += [call for c in reply.choices for call in c.message.tool_calls or []]
@@ -63,10 +72,12 @@ async def test_streaming_returns_the_same_text(policy):
     stream = await client.chat.completions.create(
         model=policy.served_name, messages=HELLO, max_tokens=8, temperature=0.0, stream=True
     )
-    text = "".join([chunk.choices[0].delta.content or "" async for chunk in stream
-                    if chunk.choices])  # fmt: skip
-    plain = await client.chat.completions.create(model=policy.served_name, messages=HELLO,
-                                                 max_tokens=8, temperature=0.0)  # fmt: skip
+    text = "".join(
+        [chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices]
+    )
+    plain = await client.chat.completions.create(
+        model=policy.served_name, messages=HELLO, max_tokens=8, temperature=0.0
+    )
     assert text == plain.choices[0].message.content
 
 
@@ -106,8 +117,9 @@ async def test_malformed_requests_are_openai_400s(vllm_backend, policy, body, ex
 
 async def test_invalid_json_is_a_400(vllm_backend):
     async with httpx.AsyncClient(base_url=vllm_backend.url) as http:
-        response = await http.post("/v1/chat/completions", content=b"{nope",
-                                   headers={"content-type": "application/json"})  # fmt: skip
+        response = await http.post(
+            "/v1/chat/completions", content=b"{nope", headers={"content-type": "application/json"}
+        )
     assert response.status_code == 400
     assert "not valid JSON" in response.json()["error"]["message"]
 
@@ -117,5 +129,7 @@ async def test_engine_errors_pass_through_as_openai_errors(policy):
     client = policy.openai_client()
     with pytest.raises(openai.BadRequestError):
         await client.chat.completions.create(
-            model=policy.served_name, max_tokens=4,
-            messages=[{"role": "user", "content": "word " * 6000}])  # fmt: skip
+            model=policy.served_name,
+            max_tokens=4,
+            messages=[{"role": "user", "content": "word " * 6000}],
+        )

@@ -20,8 +20,15 @@ import pytest
 from rlcoach import BUNDLED_MODEL, SampledChoice, Trajectory, TrajectoryGroup
 from rlcoach.sinks import SinkSet, rollout_metrics, run_info
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--no-first-run", "--disable-sync"]  # fmt: skip
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+]
 ADD = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
 
 
@@ -44,25 +51,49 @@ def _attempt(tokenizer, answer: str, reward: float, tool: bool) -> Trajectory:
     if tool:
         ask = {"role": "assistant", "content": None, "tool_calls": [ADD]}
         ids = _chat_ids(tokenizer, messages)
-        sampled = tokenizer.encode('<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}'
-                                   "</tool_call><|im_end|>")  # fmt: skip
-        choices.append(SampledChoice(message=ask, prompt_token_ids=list(ids), token_ids=sampled,
-                                     logprobs=[-0.3] * len(sampled), policy="agent@1",
-                                     started_at=100.0, latency_s=0.4))  # fmt: skip
+        sampled = tokenizer.encode(
+            '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call><|im_end|>'
+        )
+        choices.append(
+            SampledChoice(
+                message=ask,
+                prompt_token_ids=list(ids),
+                token_ids=sampled,
+                logprobs=[-0.3] * len(sampled),
+                policy="agent@1",
+                started_at=100.0,
+                latency_s=0.4,
+            )
+        )
         messages += [ask, {"role": "tool", "tool_call_id": "c1", "content": "5"}]
-        context = tokenizer.encode("\n<|im_start|>user\n<tool_response>5</tool_response><|im_end|>"
-                                   "\n<|im_start|>assistant\n")  # fmt: skip
+        context = tokenizer.encode(
+            "\n<|im_start|>user\n<tool_response>5</tool_response><|im_end|>"
+            "\n<|im_start|>assistant\n"
+        )
         ids = [*ids, *sampled, *context]
     else:
         ids = _chat_ids(tokenizer, messages)
     final = {"role": "assistant", "content": f"The answer is {answer}."}
     sampled = tokenizer.encode(f"The answer is {answer}.<|im_end|>")
-    choices.append(SampledChoice(message=final, prompt_token_ids=list(ids), token_ids=sampled,
-                                 logprobs=[-0.2] * len(sampled), policy="agent@1",
-                                 started_at=101.0, latency_s=0.3))  # fmt: skip
-    return Trajectory(messages=[*messages, final], choices=choices, reward=reward,
-                      metrics={"success": float(answer == "5")}, metadata={"task": "add-2-3"},
-                      logs=[f"RULER {reward:.3f}: {'correct sum' if answer == '5' else 'wrong'}"])
+    choices.append(
+        SampledChoice(
+            message=final,
+            prompt_token_ids=list(ids),
+            token_ids=sampled,
+            logprobs=[-0.2] * len(sampled),
+            policy="agent@1",
+            started_at=101.0,
+            latency_s=0.3,
+        )
+    )
+    return Trajectory(
+        messages=[*messages, final],
+        choices=choices,
+        reward=reward,
+        metrics={"success": float(answer == "5")},
+        metadata={"task": "add-2-3"},
+        logs=[f"RULER {reward:.3f}: {'correct sum' if answer == '5' else 'wrong'}"],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -75,15 +106,32 @@ def run_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     sinks = SinkSet(run_info(root, "demo", "agent", BUNDLED_MODEL, {"learning_rate": 0.001}))
     for step in (1, 2, 3):
-        groups = [TrajectoryGroup([_attempt(tokenizer, "5", 0.2 + 0.3 * step, True),
-                                   _attempt(tokenizer, "6", 0.1, False),
-                                   _attempt(tokenizer, "5", 0.1 * step, False)])
-                  for _ in range(2)]  # fmt: skip
+        groups = [
+            TrajectoryGroup(
+                [
+                    _attempt(tokenizer, "5", 0.2 + 0.3 * step, True),
+                    _attempt(tokenizer, "6", 0.1, False),
+                    _attempt(tokenizer, "5", 0.1 * step, False),
+                ]
+            )
+            for _ in range(2)
+        ]
         sinks.log_trajectories(step, groups)
-        sinks.log_metrics(step, {"event": "train", "loss": 0.1 / step, "kl": 0.0,
-                                 "grad_norm": 0.4, "sampled_tokens": 120, "total_tokens": 400,
-                                 "seconds": 7.5, "publish_seconds": 0.07,
-                                 "step_seconds": 8.1, **rollout_metrics(groups)})  # fmt: skip
+        sinks.log_metrics(
+            step,
+            {
+                "event": "train",
+                "loss": 0.1 / step,
+                "kl": 0.0,
+                "grad_norm": 0.4,
+                "sampled_tokens": 120,
+                "total_tokens": 400,
+                "seconds": 7.5,
+                "publish_seconds": 0.07,
+                "step_seconds": 8.1,
+                **rollout_metrics(groups),
+            },
+        )
     sinks.close()
     return root / "demo" / "agent"
 
@@ -95,25 +143,34 @@ def _png_size(path: Path) -> tuple[int, int]:
 
 
 def test_report_renders_in_headless_chromium(run_dir, chromium, tmp_path):
-    done = subprocess.run([sys.executable, "-m", "rlcoach.cli", "report", str(run_dir)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "rlcoach.cli", "report", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     page = run_dir / "report.html"
     assert done.stdout.strip() == f"report: {page}"
     assert not list(run_dir.glob(".report.html.*"))  # written through a temp file
     url = page.as_uri()
     common = [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run([*common, "--dump-dom", url], capture_output=True, text=True,
-                         timeout=120).stdout  # fmt: skip
+    dom = subprocess.run(
+        [*common, "--dump-dom", url], capture_output=True, text=True, timeout=120
+    ).stdout
     assert 'data-charts="2"' in dom  # both PNG charts decoded in the browser
     assert dom.count("<tr>") == 4  # the header and three steps
-    assert dom.count("class=\"traj\"") == 12  # best and worst of two groups, three steps
+    assert dom.count('class="traj"') == 12  # best and worst of two groups, three steps
     assert dom.count('<span class="t">') > 100  # trained tokens highlighted
     text = html.unescape(re.sub(r"<[^>]+>", "", dom))
     assert "correct sum" in text and "add(" in text and "<tool_call>" in text
     shot = run_dir / "report.png"
-    subprocess.run([*common, "--window-size=1280,1600", f"--screenshot={shot}", url],
-                   capture_output=True, timeout=120, check=True)  # fmt: skip
+    subprocess.run(
+        [*common, "--window-size=1280,1600", f"--screenshot={shot}", url],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
     assert _png_size(shot) == (1280, 1600)
     from PIL import Image
 
@@ -122,6 +179,10 @@ def test_report_renders_in_headless_chromium(run_dir, chromium, tmp_path):
 
 
 def test_report_refuses_a_folder_that_is_not_a_run(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "rlcoach.cli", "report", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "rlcoach.cli", "report", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "is not a run folder" in done.stderr

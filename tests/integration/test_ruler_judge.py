@@ -18,12 +18,18 @@ def _attempt(arguments: dict | None, final: str) -> list[dict]:
     messages = QUESTION.messages()
     if arguments is None:
         return [*messages, {"role": "assistant", "content": final}]
-    call = {"id": "call_9", "type": "function",
-            "function": {"name": "add", "arguments": json.dumps(arguments)}}  # fmt: skip
+    call = {
+        "id": "call_9",
+        "type": "function",
+        "function": {"name": "add", "arguments": json.dumps(arguments)},
+    }
     result = str(sum(arguments.values()))
-    return [*messages, {"role": "assistant", "content": None, "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": "call_9", "content": result},
-            {"role": "assistant", "content": final}]  # fmt: skip
+    return [
+        *messages,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_9", "content": result},
+        {"role": "assistant", "content": final},
+    ]
 
 
 CONVERSATIONS = [
@@ -43,8 +49,9 @@ def judge(policy):
 async def test_the_bundled_model_scores_every_trajectory(judge, mode, tmp_path):
     usage = JudgeUsage()
     config = RulerConfig(mode=mode, cache_dir=tmp_path, explanation_max_chars=60)
-    results = await score(CONVERSATIONS, judge, rubric=RUBRIC, tools=[ADD_TOOL],
-                          config=config, usage=usage)  # fmt: skip
+    results = await score(
+        CONVERSATIONS, judge, rubric=RUBRIC, tools=[ADD_TOOL], config=config, usage=usage
+    )
     assert [r.index for r in results] == [0, 1, 2]
     assert all(0.0 <= r.score <= 1.0 for r in results)
     assert usage.failed_calls == 0 and usage.prompt_tokens > 0
@@ -52,8 +59,7 @@ async def test_the_bundled_model_scores_every_trajectory(judge, mode, tmp_path):
     if mode == "probs":
         assert all("probability on digits" in r.explanation for r in results)
     again = JudgeUsage()
-    await score(CONVERSATIONS, judge, rubric=RUBRIC, tools=[ADD_TOOL], config=config,
-                usage=again)  # fmt: skip
+    await score(CONVERSATIONS, judge, rubric=RUBRIC, tools=[ADD_TOOL], config=config, usage=again)
     assert again.calls == 0 and again.cached_calls == usage.calls
 
 
@@ -61,8 +67,10 @@ async def test_judging_real_rollouts_as_they_finish(policy, judge, tmp_path):
     client = policy.openai_client()
     hook = after_each(judge, rubric=RUBRIC, config={"mode": "probs", "cache_dir": tmp_path})
     (group,) = await gather_trajectory_groups(
-        [[run_question(policy, client, QUESTION) for _ in range(3)]], after_each=hook,
-        progress=False)  # fmt: skip
+        [[run_question(policy, client, QUESTION) for _ in range(3)]],
+        after_each=hook,
+        progress=False,
+    )
     assert group.metadata["ruler_failed"] is False
     assert group.metadata["ruler_calls"] >= 1
     for trajectory in group.trajectories:

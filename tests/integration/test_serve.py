@@ -30,8 +30,9 @@ QUESTION = [{"role": "user", "content": "Say one word."}]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    serve = ServeProcess(tmp_path_factory.mktemp("serve") / "root", "transformers",
-                         "--max-request-mb", "1")  # fmt: skip
+    serve = ServeProcess(
+        tmp_path_factory.mktemp("serve") / "root", "transformers", "--max-request-mb", "1"
+    )
     serve.start()
     yield serve
     serve.stop()
@@ -43,8 +44,9 @@ async def scored_groups(model: TrainableModel, size: int = 3) -> list[Trajectory
     trajectories = []
     for index in range(size):
         async with model.rollout() as rollout:
-            await client.chat.completions.create(model=model.served_name, messages=QUESTION,
-                                                 max_tokens=6, temperature=1.0)  # fmt: skip
+            await client.chat.completions.create(
+                model=model.served_name, messages=QUESTION, max_tokens=6, temperature=1.0
+            )
             rollout.reward = float(index)
         trajectories.append(rollout.trajectory)
     assert all(t.choices for t in trajectories), "the rollouts were not recorded"
@@ -89,8 +91,17 @@ async def test_openai_client_with_a_wrong_key_gets_authentication_error(server):
     await backend.close()
 
 
-@pytest.mark.parametrize("project,name", [("..", "m"), ("p", ".."), ("p", "..%2F..%2Fetc"),
-                                          ("%2E%2E", "m"), ("p", "a b"), ("p", ".hidden")])
+@pytest.mark.parametrize(
+    "project,name",
+    [
+        ("..", "m"),
+        ("p", ".."),
+        ("p", "..%2F..%2Fetc"),
+        ("%2E%2E", "m"),
+        ("p", "a b"),
+        ("p", ".hidden"),
+    ],
+)
 async def test_names_that_would_leave_the_root_are_refused(server, project, name):
     async with httpx.AsyncClient(base_url=server.url, headers=server.headers()) as http:
         for method in ("GET", "DELETE"):
@@ -98,8 +109,11 @@ async def test_names_that_would_leave_the_root_are_refused(server, project, name
             response = await http.request(method, f"{API_PREFIX}/models/{project}/{name}{suffix}")
             assert response.status_code in (400, 404), response.text
             assert "error" in response.json()
-        body = {"name": name.replace("%2F", "/"), "project": project.replace("%2E", "."),
-                "base_model": "smollm2-135m-instruct"}  # fmt: skip
+        body = {
+            "name": name.replace("%2F", "/"),
+            "project": project.replace("%2E", "."),
+            "base_model": "smollm2-135m-instruct",
+        }
         response = await http.post(f"{API_PREFIX}/models", json=body)
         assert response.status_code == 400, response.text
         assert response.json()["error"]["code"] == "invalid_name" or "safe path" in response.text
@@ -121,6 +135,7 @@ async def test_oversized_and_malformed_bodies_get_openai_shaped_errors(server):
         response = await http.post("/v1/chat/completions", content=big)
         assert response.status_code == 413
         assert response.json()["error"]["code"] == "too_large"
+
         # Over the 1 MiB training limit this server was started with, sent chunked (no length).
         async def chunks():
             for _ in range(20):
@@ -144,8 +159,10 @@ async def test_oversized_and_malformed_bodies_get_openai_shaped_errors(server):
 
 async def test_a_client_that_drops_mid_upload_trains_nothing(server):
     request_id = uuid.uuid4().hex
-    head = (f"POST {API_PREFIX}/train HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
-            "Content-Type: application/json\r\nContent-Length: 500000\r\n\r\n")  # fmt: skip
+    head = (
+        f"POST {API_PREFIX}/train HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 500000\r\n\r\n"
+    )
     partial = '{"request_id": "' + request_id + '", "model": {"name": "drop", "project": "p", '
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
         sock.sendall(head.encode() + partial.encode())
@@ -164,12 +181,15 @@ async def test_remote_training_is_idempotent_and_survives_a_dropped_stream(serve
     await model.register(backend)
     assert model.step == 0
     groups = await scored_groups(model)
-    request = TrainRequest(request_id=uuid.uuid4().hex, groups=groups,
-                           model={"name": "idem", "project": "serve",
-                                  "base_model": model.base_model})  # fmt: skip
+    request = TrainRequest(
+        request_id=uuid.uuid4().hex,
+        groups=groups,
+        model={"name": "idem", "project": "serve", "base_model": model.base_model},
+    )
     body = request.model_dump_json()
-    async with httpx.AsyncClient(base_url=server.url, headers=server.headers(),
-                                 timeout=120) as http:  # fmt: skip
+    async with httpx.AsyncClient(
+        base_url=server.url, headers=server.headers(), timeout=120
+    ) as http:
         # Hang up as soon as the step is under way: the step must finish anyway.
         async with http.stream("POST", f"{API_PREFIX}/train", content=body) as response:
             assert response.status_code == 200
@@ -213,28 +233,35 @@ async def test_sft_and_rl_alternate_on_one_model_through_serve(server):
     model = TrainableModel("mixed", "serve", config={"learning_rate": 1e-3})
     await model.register(backend)
     groups = await scored_groups(model)
-    records = [ChatRecord(messages=[*QUESTION, {"role": "assistant", "content": word}])
-               for word in ("Blue.", "Seven.")]  # fmt: skip
+    records = [
+        ChatRecord(messages=[*QUESTION, {"role": "assistant", "content": word}])
+        for word in ("Blue.", "Seven.")
+    ]
     # Chat records and a recorded trajectory in one upload, told apart on the server.
-    sft = await model.train_sft([*records, groups[0].trajectories[0]],
-                                {"epochs": 2, "batch_size": 2})  # fmt: skip
+    sft = await model.train_sft(
+        [*records, groups[0].trajectories[0]], {"epochs": 2, "batch_size": 2}
+    )
     assert isinstance(sft.stats, SFTStats) and sft.stats.trained
     assert (sft.step, model.step, sft.stats.examples) == (1, 1, 3)
     rl = await model.train(await scored_groups(model))
     assert rl.step == 2 and rl.stats.trained
     # An SFT request id sent twice trains once; the replay says which trainer ran.
-    request = SFTRequest(request_id=uuid.uuid4().hex, examples=records,
-                         model={"name": "mixed", "project": "serve",
-                                "base_model": model.base_model})  # fmt: skip
-    async with httpx.AsyncClient(base_url=server.url, headers=server.headers(),
-                                 timeout=120) as http:  # fmt: skip
+    request = SFTRequest(
+        request_id=uuid.uuid4().hex,
+        examples=records,
+        model={"name": "mixed", "project": "serve", "base_model": model.base_model},
+    )
+    async with httpx.AsyncClient(
+        base_url=server.url, headers=server.headers(), timeout=120
+    ) as http:
         answers = []
         for _ in range(2):
-            response = await http.post(f"{API_PREFIX}/train_sft",
-                                       content=request.model_dump_json())  # fmt: skip
+            response = await http.post(f"{API_PREFIX}/train_sft", content=request.model_dump_json())
             answers.append([json.loads(x) for x in response.text.splitlines()][-1]["result"])
     assert [(a["step"], a["kind"], a["replayed"]) for a in answers] == [
-        (3, "sft", False), (3, "sft", True)]  # fmt: skip
+        (3, "sft", False),
+        (3, "sft", True),
+    ]
     assert [c.step for c in (await backend.checkpoints(model)).checkpoints] == [1, 2, 3]
     records_seen = (await backend.metrics(model))["records"]
     assert [r["event"] for r in records_seen] == ["sft", "train", "sft"]
@@ -248,10 +275,10 @@ async def test_sft_and_rl_alternate_on_one_model_through_serve(server):
 
 @pytest.mark.parametrize("script", ["basic_loop.py", "ruler_calculator.py"])
 def test_examples_run_unchanged_against_serve(server, script, tmp_path):
-    small = {"ruler_calculator.py": ["--eval-questions", "1", "--questions", "1",
-                                     "--group-size", "2"]}  # fmt: skip
-    done = server.run_example(EXAMPLES / script, ["--steps", "1", *small.get(script, [])],
-                              tmp_path)  # fmt: skip
+    small = {
+        "ruler_calculator.py": ["--eval-questions", "1", "--questions", "1", "--group-size", "2"]
+    }
+    done = server.run_example(EXAMPLES / script, ["--steps", "1", *small.get(script, [])], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "step 1:" in done.stdout
     project = server.root / "examples"

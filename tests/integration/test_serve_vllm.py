@@ -37,8 +37,9 @@ ENGINE_GROUPS: list[int] = []
 def server(tmp_path_factory):
     # The defaults admit 256 chats to the engine at once and queue 1024 more (up to 300 s
     # each): all 264 requests of the load test are admitted; vLLM batches them.
-    serve = ServeProcess(tmp_path_factory.mktemp("serve-vllm") / "root", "vllm",
-                         "--max-model-len", "2048")  # fmt: skip
+    serve = ServeProcess(
+        tmp_path_factory.mktemp("serve-vllm") / "root", "vllm", "--max-model-len", "2048"
+    )
     serve.start(timeout_s=600)
     yield serve
     serve.stop()
@@ -88,31 +89,78 @@ async def policy(server):
 
 
 # One step of one group of two attempts: each example's smoke budget (see test_examples.py).
-GALLERY_TINY = ["--tasks-per-step", "1", "--group-size", "2", "--eval-tasks", "1",
-                "--eval-samples", "1"]  # fmt: skip
+GALLERY_TINY = [
+    "--tasks-per-step",
+    "1",
+    "--group-size",
+    "2",
+    "--eval-tasks",
+    "1",
+    "--eval-samples",
+    "1",
+]
 THROUGH_SERVE = {
-    "langgraph_sqlite.py": ["--questions", "4", "--questions-per-step", "1", "--group-size",
-                            "2", "--eval-questions", "1", "--eval-samples", "1",
-                            "--max-tokens", "24"],
-    "autorl_task.py": ["--inputs", "6", "--inputs-per-step", "1", "--group-size", "2",
-                       "--max-tokens", "16"],
-    "email_search/train.py": [*GALLERY_TINY, "--max-turns", "3", "--max-tokens", "32",
-                              "--warmup-examples", "2", "--warmup-epochs", "1"],
+    "langgraph_sqlite.py": [
+        "--questions",
+        "4",
+        "--questions-per-step",
+        "1",
+        "--group-size",
+        "2",
+        "--eval-questions",
+        "1",
+        "--eval-samples",
+        "1",
+        "--max-tokens",
+        "24",
+    ],
+    "autorl_task.py": [
+        "--inputs",
+        "6",
+        "--inputs-per-step",
+        "1",
+        "--group-size",
+        "2",
+        "--max-tokens",
+        "16",
+    ],
+    "email_search/train.py": [
+        *GALLERY_TINY,
+        "--max-turns",
+        "3",
+        "--max-tokens",
+        "32",
+        "--warmup-examples",
+        "2",
+        "--warmup-epochs",
+        "1",
+    ],
     "game_2048/train.py": [*GALLERY_TINY, "--moves", "3"],
     "tictactoe/train.py": GALLERY_TINY,
     "temporal_clue/train.py": GALLERY_TINY,
     # SFT on the server (RemoteBackend.train_sft), then RL on the same model.
-    "sft_warmup/train.py": ["--questions-per-step", "1", "--group-size", "2",
-                            "--demonstrations", "4", "--sft-epochs", "1",
-                            "--eval-questions", "1", "--eval-samples", "1"],
-}  # fmt: skip
+    "sft_warmup/train.py": [
+        "--questions-per-step",
+        "1",
+        "--group-size",
+        "2",
+        "--demonstrations",
+        "4",
+        "--sft-epochs",
+        "1",
+        "--eval-questions",
+        "1",
+        "--eval-samples",
+        "1",
+    ],
+}
 
 
 @pytest.mark.parametrize("script", sorted(THROUGH_SERVE))
 def test_vllm_examples_run_unchanged_against_serve(server, script, tmp_path):
-    done = server.run_example(EXAMPLES / script,
-                              ["--steps", "1", "--engine", "vllm", *THROUGH_SERVE[script]],
-                              tmp_path)  # fmt: skip
+    done = server.run_example(
+        EXAMPLES / script, ["--steps", "1", "--engine", "vllm", *THROUGH_SERVE[script]], tmp_path
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "step 1" in done.stdout, done.stdout[-3000:]
 
@@ -129,8 +177,9 @@ async def _chat(http: httpx.AsyncClient, model: str, max_tokens: int) -> tuple[f
 async def test_256_concurrent_chats_are_all_answered_while_a_step_publishes(server, policy):
     groups = await scored_groups(policy, size=4)
     limits = httpx.Limits(max_connections=300, max_keepalive_connections=300)
-    async with httpx.AsyncClient(base_url=server.url, headers=server.headers(), timeout=600,
-                                 limits=limits) as http:  # fmt: skip
+    async with httpx.AsyncClient(
+        base_url=server.url, headers=server.headers(), timeout=600, limits=limits
+    ) as http:
         started = time.monotonic()
         requests = [asyncio.create_task(_chat(http, "load", 8)) for _ in range(256)]
         await asyncio.sleep(1.0)
@@ -153,8 +202,9 @@ async def test_256_concurrent_chats_are_all_answered_while_a_step_publishes(serv
 
 
 async def test_kill_9_of_vllm_fails_fast_then_comes_back_with_the_current_adapter(server, policy):
-    async with httpx.AsyncClient(base_url=server.url, headers=server.headers(),
-                                 timeout=120) as http:  # fmt: skip
+    async with httpx.AsyncClient(
+        base_url=server.url, headers=server.headers(), timeout=120
+    ) as http:
         pid = await engine_pid(server, http)
         step = (await http.get("/rlcoach/v1/status")).json()["models"]["load"]["step"]
         assert step >= 1, "the load test trains a step first"

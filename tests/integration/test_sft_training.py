@@ -20,17 +20,30 @@ from rlcoach.types import ChatRecord
 
 pytestmark = pytest.mark.vllm
 
-SECRET = [ChatRecord(messages=[{"role": "user", "content": q},
-                               {"role": "assistant", "content": "The secret word is PINEAPPLE."}])
-          for q in ("What is the secret word?", "Tell me the secret word.",
-                    "Which word is secret?", "Say the secret word.")]  # fmt: skip
+SECRET = [
+    ChatRecord(
+        messages=[
+            {"role": "user", "content": q},
+            {"role": "assistant", "content": "The secret word is PINEAPPLE."},
+        ]
+    )
+    for q in (
+        "What is the secret word?",
+        "Tell me the secret word.",
+        "Which word is secret?",
+        "Say the secret word.",
+    )
+]
 
 
 async def greedy(model, question):
     client = model.openai_client(record=False)
     reply = await client.chat.completions.create(
-        model=model.served_name, messages=[{"role": "user", "content": question}],
-        temperature=0.0, max_tokens=16)  # fmt: skip
+        model=model.served_name,
+        messages=[{"role": "user", "content": question}],
+        temperature=0.0,
+        max_tokens=16,
+    )
     return reply.choices[0].message.content or ""
 
 
@@ -41,8 +54,7 @@ async def test_sft_lowers_the_loss_changes_the_served_adapter_and_keeps_step_num
     await student.register(vllm_backend)
     assert "PINEAPPLE" not in await greedy(student, "What is the secret word?")
 
-    result = await student.train_sft(SECRET, {"epochs": 10, "batch_size": 4,
-                                              "learning_rate": 3e-3})  # fmt: skip
+    result = await student.train_sft(SECRET, {"epochs": 10, "batch_size": 4, "learning_rate": 3e-3})
     assert result.step == 1 and student.step == 1
     assert result.stats.optimizer_steps == 10 and result.stats.sequences == 4
     assert result.stats.loss_last < 0.3 * result.stats.loss_first
@@ -54,8 +66,10 @@ async def test_sft_lowers_the_loss_changes_the_served_adapter_and_keeps_step_num
 
     again = await student.train_sft(SECRET[:2], {"epochs": 1})
     assert again.step == 2
-    events = [json.loads(line)["event"] for line in
-              vllm_backend.paths(student).metrics.read_text().splitlines()]  # fmt: skip
+    events = [
+        json.loads(line)["event"]
+        for line in vllm_backend.paths(student).metrics.read_text().splitlines()
+    ]
     assert events.count("sft") == 2
     resumed = TrainableModel("sft-student", "integration")
     await resumed.register(vllm_backend)
@@ -67,17 +81,23 @@ async def ask_sum(model, task):
     a, b, stream = task
     async with model.rollout(a=a, b=b) as rollout:
         client = model.openai_client()
-        messages = [{"role": "system", "content": "Answer with the number only."},
-                    {"role": "user", "content": f"What is {a} + {b}?"}]  # fmt: skip
+        messages = [
+            {"role": "system", "content": "Answer with the number only."},
+            {"role": "user", "content": f"What is {a} + {b}?"},
+        ]
         if stream:
             chunks = await client.chat.completions.create(
-                model=model.served_name, messages=messages, max_tokens=12, stream=True,
-                temperature=0.3)  # fmt: skip
-            text = "".join([c.choices[0].delta.content or "" async for c in chunks
-                            if c.choices])  # fmt: skip
+                model=model.served_name,
+                messages=messages,
+                max_tokens=12,
+                stream=True,
+                temperature=0.3,
+            )
+            text = "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
         else:
             reply = await client.chat.completions.create(
-                model=model.served_name, messages=messages, max_tokens=12, temperature=0.3)
+                model=model.served_name, messages=messages, max_tokens=12, temperature=0.3
+            )
             text = reply.choices[0].message.content or ""
         rollout.reward = float(str(a + b) in text)
     return rollout.trajectory
@@ -88,8 +108,9 @@ async def test_distillation_keeps_the_teachers_rewarded_attempts_and_trains(vllm
     # Temperature 0.3 and 8 samples a task: at temperature 1 all 16 of 4 x 4 attempts once
     # missed (the 135M model's sums are right only some of the time).
     tasks = [(2, 3, False), (1, 1, True), (4, 4, False), (10, 5, True)]
-    demos = await collect_demonstrations(teacher, ask_sum, tasks, samples_per_task=8,
-                                         min_reward=1.0, progress=False)  # fmt: skip
+    demos = await collect_demonstrations(
+        teacher, ask_sum, tasks, samples_per_task=8, min_reward=1.0, progress=False
+    )
     assert demos.attempts == 32 and not demos.failures
     for trajectory in demos.kept + demos.rejected:
         roles = [m["role"] for m in trajectory.messages]
@@ -103,8 +124,9 @@ async def test_distillation_keeps_the_teachers_rewarded_attempts_and_trains(vllm
 
     student = TrainableModel("distilled", "integration")
     await student.register(vllm_backend)
-    demos, result = await distill(student, teacher, ask_sum, tasks[:2], samples_per_task=4,
-                                  progress=False)  # fmt: skip
+    demos, result = await distill(
+        student, teacher, ask_sum, tasks[:2], samples_per_task=4, progress=False
+    )
     if demos.kept:
         assert result.step == 1 and result.stats.examples == len(demos.kept)
     else:
@@ -115,18 +137,45 @@ def test_sft_command_trains_from_a_jsonl_file(tmp_path):
     data = tmp_path / "chats.jsonl"
     data.write_text("".join(r.model_dump_json() + "\n" for r in SECRET))
     done = subprocess.run(
-        [sys.executable, "-m", "rlcoach.cli", "sft", str(data), "--name", "cli-sft",
-         "--epochs", "2", "--root", str(tmp_path / "runs")],
-        capture_output=True, text=True, timeout=600)  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "rlcoach.cli",
+            "sft",
+            str(data),
+            "--name",
+            "cli-sft",
+            "--epochs",
+            "2",
+            "--root",
+            str(tmp_path / "runs"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "sft: 4 examples, 4 sequences" in done.stdout and "cli-sft@1" in done.stdout
     assert (tmp_path / "runs" / "sft" / "cli-sft" / "checkpoints" / "000001").is_dir()
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n[1, 2]\n')
-    done = subprocess.run([sys.executable, "-m", "rlcoach.cli", "sft", str(bad), "--name", "x",
-                           "--root", str(tmp_path / "runs")],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlcoach.cli",
+            "sft",
+            str(bad),
+            "--name",
+            "x",
+            "--root",
+            str(tmp_path / "runs"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 2 and "bad.jsonl:2 is not an SFT example" in done.stderr
 
 
@@ -134,11 +183,32 @@ def test_sft_warmup_example_runs(tmp_path):
     """examples/sft_warmup/train.py with a tiny budget (its CPU numbers are in the README)."""
     script = Path(__file__).resolve().parents[2] / "examples" / "sft_warmup" / "train.py"
     done = subprocess.run(
-        [sys.executable, str(script), "--steps", "1", "--engine", "transformers",
-         "--root", str(tmp_path), "--questions-per-step", "1", "--group-size", "2",
-         "--demonstrations", "4", "--sft-epochs", "1", "--eval-questions", "1",
-         "--eval-samples", "1"],
-        capture_output=True, text=True, timeout=600)  # fmt: skip
+        [
+            sys.executable,
+            str(script),
+            "--steps",
+            "1",
+            "--engine",
+            "transformers",
+            "--root",
+            str(tmp_path),
+            "--questions-per-step",
+            "1",
+            "--group-size",
+            "2",
+            "--demonstrations",
+            "4",
+            "--sft-epochs",
+            "1",
+            "--eval-questions",
+            "1",
+            "--eval-samples",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "SFT warm-up: 4 demonstrations" in done.stdout and "result: base=" in done.stdout
     [figure] = tmp_path.rglob("sft_warmup.png")

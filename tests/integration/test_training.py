@@ -20,8 +20,9 @@ PROMPT = [{"role": "user", "content": "Name three colours."}]
 
 
 async def _greedy_logprobs(client, model_name):
-    reply = await client.chat.completions.create(model=model_name, messages=PROMPT,
-                                                 max_tokens=12, temperature=0.0)  # fmt: skip
+    reply = await client.chat.completions.create(
+        model=model_name, messages=PROMPT, max_tokens=12, temperature=0.0
+    )
     return reply.model, [e.logprob for e in reply.choices[0].logprobs.content]
 
 
@@ -77,7 +78,10 @@ async def test_vllm_logprobs_agree_with_transformers(vllm_backend, model_path, p
 
     client = policy.openai_client()
     reply = await client.chat.completions.create(
-        model="calc@0", messages=Question(321, 654).messages(), max_tokens=32, temperature=1.0,
+        model="calc@0",
+        messages=Question(321, 654).messages(),
+        max_tokens=32,
+        temperature=1.0,
         seed=3,
     )
     data = reply.model_dump()
@@ -86,8 +90,7 @@ async def test_vllm_logprobs_agree_with_transformers(vllm_backend, model_path, p
     reference_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     ids = torch.tensor([prompt + sampled])
     with torch.no_grad():
-        all_T = chunked_token_logprobs(reference_model, ids, torch.arange(ids.shape[1])[None],
-                                       512)  # fmt: skip
+        all_T = chunked_token_logprobs(reference_model, ids, torch.arange(ids.shape[1])[None], 512)
     reference = all_T[len(prompt) - 1 :]
     difference = (engine - reference).abs()
     print(f"logprob |vLLM - transformers|: mean {difference.mean():.4f} max {difference.max():.4f}")
@@ -122,9 +125,14 @@ async def test_killing_training_mid_step_loses_nothing_saved(trained, tmp_path):
     groups_file = save_groups(tmp_path / "groups.jsonl", groups)
     root = tmp_path / "runs"
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", CRASHING_TRAINER, str(root), str(groups_file),
-        stdout=asyncio.subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
+        sys.executable,
+        "-c",
+        CRASHING_TRAINER,
+        str(root),
+        str(groups_file),
+        stdout=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
     paths = LocalBackend(root).paths(TrainableModel("crashy", "integration"))
     try:
         assert (await process.stdout.readline()).decode().strip() == "step 1 saved"

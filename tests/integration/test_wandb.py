@@ -41,23 +41,40 @@ def _records(path):
 
 
 def _group(step):
-    attempts = [Trajectory(reward=float(i == step), metrics={"success": float(i == step)},
-                           messages=[{"role": "user", "content": f"q{step}"},
-                                     {"role": "assistant", "content": f"a{i}"}],
-                           logs=[f"RULER 0.{i}00: reason {i}"]) for i in range(3)]  # fmt: skip
+    attempts = [
+        Trajectory(
+            reward=float(i == step),
+            metrics={"success": float(i == step)},
+            messages=[
+                {"role": "user", "content": f"q{step}"},
+                {"role": "assistant", "content": f"a{i}"},
+            ],
+            logs=[f"RULER 0.{i}00: reason {i}"],
+        )
+        for i in range(3)
+    ]
     return TrajectoryGroup(attempts)
 
 
 def test_offline_run_files_hold_the_metrics_and_tables(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     sink = WandbSink(mode="offline", table_rows=2)
-    sinks = SinkSet(run_info(tmp_path / "runs", "proj", "agent", "base",
-                             {"learning_rate": 0.001}), [sink])  # fmt: skip
+    sinks = SinkSet(
+        run_info(tmp_path / "runs", "proj", "agent", "base", {"learning_rate": 0.001}), [sink]
+    )
     for step in (1, 2, 3):
         groups = [_group(step)]
         sinks.log_trajectories(step, groups)
-        sinks.log_metrics(step, {"event": "train", "loss": 1.0 / step, "kl": 0.01 * step,
-                                 "trained": True, **rollout_metrics(groups)})  # fmt: skip
+        sinks.log_metrics(
+            step,
+            {
+                "event": "train",
+                "loss": 1.0 / step,
+                "kl": 0.01 * step,
+                "trained": True,
+                **rollout_metrics(groups),
+            },
+        )
     sinks.close()
     assert sinks.counters() == {"sink_errors/wandb": 0, "sink_dropped/wandb": 0}
 
@@ -67,11 +84,16 @@ def test_offline_run_files_hold_the_metrics_and_tables(tmp_path, monkeypatch):
     for record in _records(log):
         kind = record.WhichOneof("record_type")
         if kind == "history":
-            history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                            for item in record.history.item})  # fmt: skip
+            history.append(
+                {
+                    item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                    for item in record.history.item
+                }
+            )
         elif kind == "run":
-            config.update({item.key: json.loads(item.value_json)
-                           for item in record.run.config.update})  # fmt: skip
+            config.update(
+                {item.key: json.loads(item.value_json) for item in record.run.config.update}
+            )
     metrics = [h for h in history if "loss" in h]
     assert [h["training_step"] for h in metrics] == [1, 2, 3]
     assert [h["loss"] for h in metrics] == [1.0, 0.5, 1.0 / 3]

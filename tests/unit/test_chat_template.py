@@ -16,8 +16,10 @@ def test_calls_are_parsed_and_removed_from_the_text():
 
 
 def test_two_calls_and_string_arguments():
-    text = ('<tool_call>{"name": "a", "arguments": "{\\"x\\": 1}"}</tool_call>'
-            '<tool_call>{"name": "b", "parameters": {"y": 2}}</tool_call>')
+    text = (
+        '<tool_call>{"name": "a", "arguments": "{\\"x\\": 1}"}</tool_call>'
+        '<tool_call>{"name": "b", "parameters": {"y": 2}}</tool_call>'
+    )
     content, calls = parse_tool_calls(text)
     assert content is None
     assert [c["function"]["name"] for c in calls] == ["a", "b"]

@@ -21,15 +21,18 @@ from game_2048.env import (
 )
 
 
-@pytest.mark.parametrize("row,expected,score", [
-    ((2, 2, 2, 2), (4, 4, 0, 0), 8),      # two merges, each pair once
-    ((2, 2, 4, 0), (4, 4, 0, 0), 4),      # a merged tile does not merge again
-    ((4, 4, 8, 0), (8, 8, 0, 0), 8),
-    ((0, 2, 0, 2), (4, 0, 0, 0), 4),      # slides across gaps before merging
-    ((2, 4, 2, 4), (2, 4, 2, 4), 0),      # nothing to merge
-    ((8, 0, 0, 8), (16, 0, 0, 0), 16),
-    ((2, 2, 2, 0), (4, 2, 0, 0), 4),      # the leading pair merges first
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "row,expected,score",
+    [
+        ((2, 2, 2, 2), (4, 4, 0, 0), 8),  # two merges, each pair once
+        ((2, 2, 4, 0), (4, 4, 0, 0), 4),  # a merged tile does not merge again
+        ((4, 4, 8, 0), (8, 8, 0, 0), 8),
+        ((0, 2, 0, 2), (4, 0, 0, 0), 4),  # slides across gaps before merging
+        ((2, 4, 2, 4), (2, 4, 2, 4), 0),  # nothing to merge
+        ((8, 0, 0, 8), (16, 0, 0, 0), 16),
+        ((2, 2, 2, 0), (4, 2, 0, 0), 4),  # the leading pair merges first
+    ],
+)
 def test_slide_row_merge_rules(row, expected, score):
     assert slide_row(row) == (expected, score)
 
@@ -54,8 +57,12 @@ def test_spawn_fills_one_empty_cell_with_a_2_or_4():
     grid = ((2, 0), (0, 4))
     for seed in range(20):
         after = spawn(grid, random.Random(seed))
-        changed = [(a, b) for ra, rb in zip(grid, after, strict=True)
-                   for a, b in zip(ra, rb, strict=True) if a != b]  # fmt: skip
+        changed = [
+            (a, b)
+            for ra, rb in zip(grid, after, strict=True)
+            for a, b in zip(ra, rb, strict=True)
+            if a != b
+        ]
         assert len(changed) == 1 and changed[0][0] == 0 and changed[0][1] in (2, 4)
     assert spawn(((2, 4), (8, 16)), random.Random(0)) == ((2, 4), (8, 16))
 

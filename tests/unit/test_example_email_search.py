@@ -68,9 +68,12 @@ def test_tools_record_what_was_found_and_read_and_explain_bad_calls(mailbox):
 
 def test_reward_tiers():
     q = Question(7, "What gate?", "B12", "flight Oslo")
-    read, found, called, nothing = (Trace(valid_calls=2, found={7}, read={7}),
-                                    Trace(valid_calls=1, found={7}), Trace(valid_calls=1),
-                                    Trace())  # fmt: skip
+    read, found, called, nothing = (
+        Trace(valid_calls=2, found={7}, read={7}),
+        Trace(valid_calls=1, found={7}),
+        Trace(valid_calls=1),
+        Trace(),
+    )
     assert reward(q, read, "Gate b 12.", turns=3) == pytest.approx(1.0)  # answer, source, fast
     assert reward(q, read, "Gate B12.", turns=4) == pytest.approx(0.9)  # one turn too many
     assert reward(q, called, "B12", turns=2) == pytest.approx(0.7)  # right answer, no source

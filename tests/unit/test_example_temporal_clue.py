@@ -58,8 +58,9 @@ def test_partial_credit_per_field():
     who, where, when = p.solution
     wrong_who = next(s for s in p.suspects if s != who)
     assert score(parse_answer(f"Who: {who}\nWhere: {where}\nWhen: {when}", p), p) == 1.0
-    assert score(parse_answer(f"Who: {wrong_who}\nWhere: the {where}\nWhen: {when}", p),
-                 p) == pytest.approx(2 / 3)  # fmt: skip
+    assert score(
+        parse_answer(f"Who: {wrong_who}\nWhere: the {where}\nWhen: {when}", p), p
+    ) == pytest.approx(2 / 3)
     assert score(parse_answer(f"**Who:** {who}", p), p) == pytest.approx(1 / 3)
     assert score(parse_answer(f"I think {who} in the {where}", p), p) == 0.0  # no labels
     both = " or ".join(p.suspects[:2])

@@ -26,10 +26,17 @@ def test_legal_moves_are_the_free_cells_and_taken_cells_are_refused():
     assert 5 not in b.legal_moves()
 
 
-@pytest.mark.parametrize("layout,winner", [
-    ("XXX" "OO." "...", "X"), ("O.." "O.X" "O.X", "O"), ("X.O" ".XO" "..X", "X"),
-    (".OX" ".XO" "X..", "X"), ("XOX" "XOO" "OXX", None), ("XX." "OO." "...", None),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "layout,winner",
+    [
+        ("XXXOO....", "X"),
+        ("O..O.XO.X", "O"),
+        ("X.O.XO..X", "X"),
+        (".OX.XOX..", "X"),
+        ("XOXXOOOXX", None),
+        ("XX.OO....", None),
+    ],
+)
 def test_win_detection_on_rows_columns_and_diagonals(layout, winner):
     assert board(layout).winner() == winner
 
@@ -45,9 +52,9 @@ def test_render_shows_free_cells_by_number():
 
 def test_blocking_opponent_wins_first_then_blocks():
     rng = random.Random(0)
-    assert opponent_move(board("OO." "XX." "X.."), rng, "blocking") == 3  # its own win
-    assert opponent_move(board("XX." "O.." "..."), rng, "blocking") == 3  # X's threat
-    assert opponent_move(board("X.." "..." "..."), rng, "random") in range(2, 10)
+    assert opponent_move(board("OO.XX.X.."), rng, "blocking") == 3  # its own win
+    assert opponent_move(board("XX.O....."), rng, "blocking") == 3  # X's threat
+    assert opponent_move(board("X........"), rng, "random") in range(2, 10)
     with pytest.raises(ValueError, match="unknown"):
         opponent_move(Board(), rng, "perfect")
 

@@ -35,8 +35,9 @@ def _folder(tmp_path, model_type, tokens=(), template=None):
         ("gpt_oss", [], "gpt-oss"),
     ],
 )
-def test_a_folder_is_matched_by_model_type_then_control_tokens(tmp_path, model_type, tokens,
-                                                               family):  # fmt: skip
+def test_a_folder_is_matched_by_model_type_then_control_tokens(
+    tmp_path, model_type, tokens, family
+):
     assert family_of(_folder(tmp_path, model_type, tokens)) == family_named(family)
 
 
@@ -65,9 +66,17 @@ def test_unknown_family_name_lists_the_known_ones():
         family_named("falcon")
 
 
-CALL = {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function",
-        "function": {"name": "f", "arguments": {"flag": True, "none": None, "n": 2,
-                                                "s": "x"}}}]}  # fmt: skip
+CALL = {
+    "role": "assistant",
+    "content": "",
+    "tool_calls": [
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "f", "arguments": {"flag": True, "none": None, "n": 2, "s": "x"}},
+        }
+    ],
+}
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 
 
@@ -83,8 +92,9 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
 def test_family_templates_write_calls_in_their_format(tokenizer, family, expected):
     messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}, CALL]
     template = family_named(family).chat_template
-    text = tokenizer.apply_chat_template(messages, tools=[TOOL], tokenize=False,
-                                         chat_template=template)  # fmt: skip
+    text = tokenizer.apply_chat_template(
+        messages, tools=[TOOL], tokenize=False, chat_template=template
+    )
     assert expected in text
     assert text.count("S") >= 1 and "U" in text
 
@@ -94,6 +104,7 @@ def test_every_family_with_a_template_renders_a_plain_chat(tokenizer):
     for family in FAMILIES:
         if family.chat_template is None:
             continue
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                             chat_template=family.chat_template)  # fmt: skip
+        text = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, chat_template=family.chat_template
+        )
         assert "hello" in text, family.name

@@ -22,9 +22,16 @@ def _tiny_lora_model():
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     register_segment_attention()
-    config = Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                         vocab_size=512, use_cache=False)  # fmt: skip
+    config = Qwen3Config(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=512,
+        use_cache=False,
+    )
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_config(config, attn_implementation=SEGMENT_ATTENTION)
     model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))

@@ -30,8 +30,9 @@ async def test_failures_are_recorded_and_counted():
 
 async def test_too_many_failures_fail_loudly():
     with pytest.raises(RolloutError, match=r"2 of 3 rollouts failed.*tool server down"):
-        await gather_trajectory_groups([[_boom(), _boom(), _ok(1.0)]], progress=False,
-                                       max_failure_fraction=0.5)
+        await gather_trajectory_groups(
+            [[_boom(), _boom(), _ok(1.0)]], progress=False, max_failure_fraction=0.5
+        )
 
 
 async def test_concurrency_is_bounded():
@@ -45,8 +46,9 @@ async def test_concurrency_is_bounded():
         running -= 1
         return Trajectory()
 
-    await gather_trajectory_groups([[tracked() for _ in range(10)]], max_concurrency=3,
-                                   progress=False)
+    await gather_trajectory_groups(
+        [[tracked() for _ in range(10)]], max_concurrency=3, progress=False
+    )
     assert peak == 3
 
 

@@ -20,15 +20,29 @@ from rlcoach.types import Trajectory, TrajectoryGroup
 
 
 def test_example_arguments_prefer_what_the_schema_says():
-    schema = {"type": "object", "required": ["tz", "n", "mode", "who", "tags"], "properties": {
-        "tz": {"type": "string", "description": "IANA name (e.g., 'Europe/London')."},
-        "n": {"type": "integer", "minimum": 3}, "mode": {"enum": ["fast", "slow"]},
-        "who": {"type": "object", "required": ["email"], "properties": {
-            "email": {"type": "string"}}},
-        "tags": {"type": "array", "items": {"type": "string", "default": "x"}},
-        "unused": {"type": "string"}}}  # fmt: skip
-    assert example_arguments(schema) == {"tz": "Europe/London", "n": 3, "mode": "fast",
-                                         "who": {"email": "ada@example.com"}, "tags": ["x"]}
+    schema = {
+        "type": "object",
+        "required": ["tz", "n", "mode", "who", "tags"],
+        "properties": {
+            "tz": {"type": "string", "description": "IANA name (e.g., 'Europe/London')."},
+            "n": {"type": "integer", "minimum": 3},
+            "mode": {"enum": ["fast", "slow"]},
+            "who": {
+                "type": "object",
+                "required": ["email"],
+                "properties": {"email": {"type": "string"}},
+            },
+            "tags": {"type": "array", "items": {"type": "string", "default": "x"}},
+            "unused": {"type": "string"},
+        },
+    }
+    assert example_arguments(schema) == {
+        "tz": "Europe/London",
+        "n": 3,
+        "mode": "fast",
+        "who": {"email": "ada@example.com"},
+        "tags": ["x"],
+    }
     # nothing required: one argument anyway, so the example shows how arguments look
     assert example_arguments({"properties": {"q": {"type": "string", "default": ""}}}) == {"q": ""}
     assert example_arguments({"type": "object", "properties": {}}) == {}
@@ -54,11 +68,12 @@ def test_tool_use_check_rewards_a_clean_successful_call_then_an_answer():
 
 
 def test_summarize_counts_failures_as_unsuccessful_and_rates_per_call():
-    done = Trajectory(reward=1.0, metrics={"success": 1.0, "tool_calls": 2.0,
-                                           "tool_errors": 1.0, "invalid_calls": 0.0})
+    done = Trajectory(
+        reward=1.0,
+        metrics={"success": 1.0, "tool_calls": 2.0, "tool_errors": 1.0, "invalid_calls": 0.0},
+    )
     none = Trajectory(reward=0.0, metrics={"success": 0.0, "tool_calls": 0.0})
-    group = TrajectoryGroup([done, none], failures=[{"type": "ToolTimeoutError",
-                                                      "message": "m"}])  # fmt: skip
+    group = TrajectoryGroup([done, none], failures=[{"type": "ToolTimeoutError", "message": "m"}])
     s = summarize([group])
     assert s["rollouts"] == 3 and s["failed"] == 1
     assert s["success"] == pytest.approx(1 / 3) and s["tool_error_rate"] == 0.5
@@ -70,9 +85,13 @@ def test_server_options_need_exactly_one_transport_and_well_formed_pairs():
     assert spec.env == {"TZ": "UTC"}
     http = server_spec(None, "http://127.0.0.1:9/mcp", ["Authorization: Bearer a:b"], None)
     assert http.headers == {"Authorization": "Bearer a:b"}
-    for bad in [(None, None, None, None), ("x", "http://h/mcp", None, None),
-                (None, "http://h/mcp", ["no-colon"], None), ("x", None, None, ["NOVALUE"]),
-                ("x", None, ["A: b"], None)]:  # fmt: skip
+    for bad in [
+        (None, None, None, None),
+        ("x", "http://h/mcp", None, None),
+        (None, "http://h/mcp", ["no-colon"], None),
+        ("x", None, None, ["NOVALUE"]),
+        ("x", None, ["A: b"], None),
+    ]:
         with pytest.raises(typer.BadParameter):
             server_spec(*bad)
 
@@ -93,32 +112,50 @@ def test_examples_read_from_json_or_jsonl_and_checks_by_import_path(tmp_path):
         load_check("rlcoach.integrations.mcp.agent:no_such_check")
 
 
-async def test_ruler_rewards_blend_the_judge_with_the_check_and_skip_the_example(scripted,
-                                                                                 tmp_path):
+async def test_ruler_rewards_blend_the_judge_with_the_check_and_skip_the_example(
+    scripted, tmp_path
+):
     """The judge is scripted (`scripted` in conftest.py: real HTTP on 127.0.0.1, answers
     from a function), the one seam faked: a real model cannot score on demand."""
     import re
 
     from rlcoach.integrations.mcp import convert_tools, ruler_rewards
 
-    tools = convert_tools([{"name": "lookup", "description": "Find a thing.",
-                            "inputSchema": {"type": "object", "properties": {}}}])  # fmt: skip
-    example = [{"role": "user", "content": "EXAMPLE REQUEST"},
-               {"role": "assistant", "content": "EXAMPLE REPLY"}]  # fmt: skip
+    tools = convert_tools(
+        [
+            {
+                "name": "lookup",
+                "description": "Find a thing.",
+                "inputSchema": {"type": "object", "properties": {}},
+            }
+        ]
+    )
+    example = [
+        {"role": "user", "content": "EXAMPLE REQUEST"},
+        {"role": "assistant", "content": "EXAMPLE REPLY"},
+    ]
 
     def attempt(answer: str, check: float) -> Trajectory:
-        return Trajectory(reward=check, metadata={"prompt_messages": 3}, messages=[
-            {"role": "system", "content": "You help."}, *example,
-            {"role": "user", "content": "Find it."},
-            {"role": "assistant", "content": f"answer {answer}"}])  # fmt: skip
+        return Trajectory(
+            reward=check,
+            metadata={"prompt_messages": 3},
+            messages=[
+                {"role": "system", "content": "You help."},
+                *example,
+                {"role": "user", "content": "Find it."},
+                {"role": "assistant", "content": f"answer {answer}"},
+            ],
+        )
 
     def by_answer(request):
         text = request["messages"][1]["content"]
-        bodies = dict(re.findall(r'<trajectory id="(\d+)">\n(.*?)\n</trajectory>', text,
-                                 re.DOTALL))  # fmt: skip
-        return json.dumps({k: {"explanation": "", "score": int(re.search(r"answer (\d)", v)
-                                                                .group(1)) / 10}
-                           for k, v in bodies.items()})  # fmt: skip
+        bodies = dict(re.findall(r'<trajectory id="(\d+)">\n(.*?)\n</trajectory>', text, re.DOTALL))
+        return json.dumps(
+            {
+                k: {"explanation": "", "score": int(re.search(r"answer (\d)", v).group(1)) / 10}
+                for k, v in bodies.items()
+            }
+        )
 
     scripted.answer = by_answer
     hook = ruler_rewards(scripted.model, tools, weight=0.5, config={"cache_dir": None})

@@ -8,46 +8,77 @@ def _tool(name, schema, description="d"):
 
 
 def test_refs_are_inlined_and_noise_dropped_but_meaning_kept():
-    schema = {"type": "object", "title": "Args", "$defs": {"Point": {
-        "type": "object", "title": "Point", "properties": {"x": {"type": "number", "title": "X"},
-        "title": {"type": "string"}}, "required": ["x"]}},
-        "properties": {"at": {"$ref": "#/$defs/Point", "description": "where"},
-                       "mode": {"enum": ["a", "b"], "default": "a"},
-                       "tags": {"type": "array", "items": {"$ref": "#/$defs/Point"}}},
-        "required": ["at"]}  # fmt: skip
+    schema = {
+        "type": "object",
+        "title": "Args",
+        "$defs": {
+            "Point": {
+                "type": "object",
+                "title": "Point",
+                "properties": {"x": {"type": "number", "title": "X"}, "title": {"type": "string"}},
+                "required": ["x"],
+            }
+        },
+        "properties": {
+            "at": {"$ref": "#/$defs/Point", "description": "where"},
+            "mode": {"enum": ["a", "b"], "default": "a"},
+            "tags": {"type": "array", "items": {"$ref": "#/$defs/Point"}},
+        },
+        "required": ["at"],
+    }
     tools = convert_tools([_tool("move", schema)])
     params = tools.tools[0]["function"]["parameters"]
     assert params["properties"]["at"] == {
-        "type": "object", "properties": {"x": {"type": "number"}, "title": {"type": "string"}},
-        "required": ["x"], "description": "where"}  # a property named "title" survives
+        "type": "object",
+        "properties": {"x": {"type": "number"}, "title": {"type": "string"}},
+        "required": ["x"],
+        "description": "where",
+    }  # a property named "title" survives
     assert params["properties"]["tags"]["items"]["required"] == ["x"]
     assert params["properties"]["mode"] == {"enum": ["a", "b"], "default": "a"}
     assert params["required"] == ["at"] and "$defs" not in params and "title" not in params
 
 
 def test_inexpressible_tools_are_skipped_with_a_reason_and_names_adapted():
-    recursive = {"type": "object", "$defs": {"Node": {"type": "object", "properties": {
-        "next": {"$ref": "#/$defs/Node"}}}}, "properties": {"head": {"$ref": "#/$defs/Node"}}}
-    tools = convert_tools([
-        _tool("list", recursive),
-        _tool("scalar", {"type": "string"}),
-        _tool("remote", {"type": "object", "properties": {"a": {"$ref": "https://x/s.json"}}}),
-        _tool("files/read.v2", None),
-        _tool("files_read_v2", {"type": "object", "properties": {}}),
-    ])  # fmt: skip
+    recursive = {
+        "type": "object",
+        "$defs": {"Node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/Node"}}}},
+        "properties": {"head": {"$ref": "#/$defs/Node"}},
+    }
+    tools = convert_tools(
+        [
+            _tool("list", recursive),
+            _tool("scalar", {"type": "string"}),
+            _tool("remote", {"type": "object", "properties": {"a": {"$ref": "https://x/s.json"}}}),
+            _tool("files/read.v2", None),
+            _tool("files_read_v2", {"type": "object", "properties": {}}),
+        ]
+    )
     reasons = dict(tools.skipped)
     assert "recursive" in reasons["list"]
     assert "type 'string'" in reasons["scalar"]
     assert "outside the schema" in reasons["remote"]
     assert tools.names == ["files_read_v2", "files_read_v2_2"]
-    assert tools.server_names == {"files_read_v2": "files/read.v2",
-                                  "files_read_v2_2": "files_read_v2"}  # fmt: skip
+    assert tools.server_names == {
+        "files_read_v2": "files/read.v2",
+        "files_read_v2_2": "files_read_v2",
+    }
     assert tools.check_call("files_read_v2", "").name == "files/read.v2"
 
 
 def test_argument_checks_name_the_tool_and_the_problem():
-    tools = convert_tools([_tool("add", {"type": "object", "properties": {
-        "a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]})])
+    tools = convert_tools(
+        [
+            _tool(
+                "add",
+                {
+                    "type": "object",
+                    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                    "required": ["a", "b"],
+                },
+            )
+        ]
+    )
     assert tools.check_call("add", '{"a": 1, "b": 2}').arguments == {"a": 1, "b": 2}
     assert "at b: 'x' is not of type 'integer'" in tools.check_call("add", '{"a":1,"b":"x"}').error
     assert "must be a JSON object, not list" in tools.check_call("add", "[1, 2]").error

@@ -34,8 +34,13 @@ def test_normalizers():
 def test_on_policy_grpo_loss_is_minus_mean_advantage():
     # ratio 1 everywhere: loss = -sum(A * mask) / normalizer; context token (mask 0) ignored
     new_T = torch.tensor([-1.0, -2.0, -0.5], requires_grad=True)
-    terms = policy_loss(new_T, new_T.detach().clone(), torch.tensor([2.0, 2.0, 7.0]),
-                        torch.tensor([1.0, 1.0, 0.0]), normalizer=2.0)
+    terms = policy_loss(
+        new_T,
+        new_T.detach().clone(),
+        torch.tensor([2.0, 2.0, 7.0]),
+        torch.tensor([1.0, 1.0, 0.0]),
+        normalizer=2.0,
+    )
     assert terms.loss.item() == pytest.approx(-2.0)
     assert terms.ratio_sum.item() == pytest.approx(2.0)
     terms.loss.backward()
@@ -48,8 +53,15 @@ def test_clipping_positive_and_negative_advantages():
     # token 0: ratio e^0.5=1.65 > 1.28 with A=+1 -> clipped to 1.28, no gradient
     # token 1: ratio e^-0.5=0.61 < 0.8 with A=-1 -> clipped to 0.8, no gradient
     new_T = torch.tensor([0.5, -0.5], requires_grad=True)
-    terms = policy_loss(new_T, old_T, torch.tensor([1.0, -1.0]), torch.ones(2), normalizer=2.0,
-                        clip_low=0.2, clip_high=0.28)
+    terms = policy_loss(
+        new_T,
+        old_T,
+        torch.tensor([1.0, -1.0]),
+        torch.ones(2),
+        normalizer=2.0,
+        clip_low=0.2,
+        clip_high=0.28,
+    )
     assert terms.loss.item() == pytest.approx((-1.28 + 0.8) / 2)
     assert terms.clipped_tokens.item() == 2
     terms.loss.backward()
@@ -69,8 +81,15 @@ def test_ratio_outside_the_clip_on_the_losing_side_keeps_its_gradient():
 def test_cispo_clips_the_weight_not_the_gradient():
     # ratio e^0.5 > 1.28: weight 1.28 (no grad through it); loss = -1.28 * A * new
     new_T = torch.tensor([0.5], requires_grad=True)
-    terms = policy_loss(new_T, torch.zeros(1), torch.tensor([2.0]), torch.ones(1),
-                        normalizer=1.0, kind="cispo", clip_high=0.28)
+    terms = policy_loss(
+        new_T,
+        torch.zeros(1),
+        torch.tensor([2.0]),
+        torch.ones(1),
+        normalizer=1.0,
+        kind="cispo",
+        clip_high=0.28,
+    )
     assert terms.loss.item() == pytest.approx(-1.28 * 2.0 * 0.5)
     terms.loss.backward()
     assert new_T.grad.item() == pytest.approx(-1.28 * 2.0)
@@ -80,7 +99,14 @@ def test_k3_kl_term():
     # ref - new = d = 0.1: k3 = e^d - d - 1; added with kl_coef on top of the surrogate
     new_T = torch.tensor([-1.0])
     d = 0.1
-    terms = policy_loss(new_T, new_T.clone(), torch.zeros(1), torch.ones(1), normalizer=1.0,
-                        ref_logprobs_T=new_T + d, kl_coef=0.5)
+    terms = policy_loss(
+        new_T,
+        new_T.clone(),
+        torch.zeros(1),
+        torch.ones(1),
+        normalizer=1.0,
+        ref_logprobs_T=new_T + d,
+        kl_coef=0.5,
+    )
     assert terms.kl_sum.item() == pytest.approx(math.exp(d) - d - 1, rel=1e-5)  # fp32
     assert terms.loss.item() == pytest.approx(0.5 * (math.exp(d) - d - 1), rel=1e-5)

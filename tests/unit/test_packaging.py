@@ -50,8 +50,9 @@ def test_import_rlcoach_is_light_and_has_no_side_effects(tmp_path):
         "print(json.dumps({'modules': sorted(sys.modules), 'handlers':"
         " len(logging.getLogger().handlers), 'files': sorted(set(os.listdir('.')) - before)}))"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
-                         text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True
+    ).stdout
     report = json.loads(out)
     heavy = {"torch", "transformers", "peft", "vllm", "openai", *OPTIONAL}
     loaded = {m.split(".")[0] for m in report["modules"]}
@@ -69,14 +70,33 @@ def test_public_api_is_curated():
 
 
 def test_wheel_holds_every_package_under_one_namespace(tmp_path):
-    subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir",
-                    str(tmp_path), str(ROOT)], check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--wheel",
+            "--no-isolation",
+            "--outdir",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+    )
     (wheel,) = tmp_path.glob("rlcoach-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for expected in ["rlcoach/__init__.py", "rlcoach/py.typed", "rlcoach/trainer/objective.py",
-                     "rlcoach/engines/vllm.py", "rlcoach/demo/task.py", "rlcoach/cli.py",
-                     "rlcoach/ruler/__init__.py", "rlcoach/autorl/__init__.py",
-                     "rlcoach/integrations/__init__.py"]:  # fmt: skip
+    for expected in [
+        "rlcoach/__init__.py",
+        "rlcoach/py.typed",
+        "rlcoach/trainer/objective.py",
+        "rlcoach/engines/vllm.py",
+        "rlcoach/demo/task.py",
+        "rlcoach/cli.py",
+        "rlcoach/ruler/__init__.py",
+        "rlcoach/autorl/__init__.py",
+        "rlcoach/integrations/__init__.py",
+    ]:
         assert expected in names, expected
     assert not any(n.startswith(("core/", "tests/", "bench/")) for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))

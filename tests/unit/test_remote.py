@@ -27,14 +27,17 @@ def test_a_bad_url_is_refused_with_the_fix():
         RemoteBackend("gpu-box:8000")
 
 
-@pytest.mark.parametrize("status,code,kind,retryable", [
-    (401, "invalid_api_key", ConfigError, None),
-    (400, "invalid_name", ConfigError, None),
-    (413, "too_large", TrainingDataError, None),
-    (429, "busy", RemoteError, True),
-    (503, "engine_unavailable", RemoteError, True),
-    (500, None, RemoteError, True),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "status,code,kind,retryable",
+    [
+        (401, "invalid_api_key", ConfigError, None),
+        (400, "invalid_name", ConfigError, None),
+        (413, "too_large", TrainingDataError, None),
+        (429, "busy", RemoteError, True),
+        (503, "engine_unavailable", RemoteError, True),
+        (500, None, RemoteError, True),
+    ],
+)
 def test_refusals_become_rlcoach_errors(status, code, kind, retryable):
     body = {"error": {"message": "no", "type": "x", "param": None, "code": code}}
     error = _error(httpx.Response(status, json=body))
@@ -44,8 +47,11 @@ def test_refusals_become_rlcoach_errors(status, code, kind, retryable):
 
 
 def test_wire_types_round_trip_nan_and_refuse_bad_request_ids():
-    event = TrainEvent(event="result", request_id="abcdefgh",
-                       result=StepResultWire(step=1, stats={"loss": math.nan, "trained": False}))
+    event = TrainEvent(
+        event="result",
+        request_id="abcdefgh",
+        result=StepResultWire(step=1, stats={"loss": math.nan, "trained": False}),
+    )
     back = TrainEvent.model_validate_json(event.model_dump_json())
     assert math.isnan(back.result.stats["loss"]) and back.result.stats["trained"] is False
     model = {"name": "m", "project": "p", "base_model": "b"}
@@ -56,10 +62,16 @@ def test_wire_types_round_trip_nan_and_refuse_bad_request_ids():
 
 def test_sft_examples_keep_their_kind_and_order_on_the_wire():
     chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
-    examples = [ChatRecord(messages=chat), Trajectory(messages=chat, reward=1.0),
-                ChatRecord(messages=chat, metadata={"source": "teacher"})]  # fmt: skip
-    request = SFTRequest(request_id="abcdefgh", examples=examples,
-                         model={"name": "m", "project": "p", "base_model": "b"})  # fmt: skip
+    examples = [
+        ChatRecord(messages=chat),
+        Trajectory(messages=chat, reward=1.0),
+        ChatRecord(messages=chat, metadata={"source": "teacher"}),
+    ]
+    request = SFTRequest(
+        request_id="abcdefgh",
+        examples=examples,
+        model={"name": "m", "project": "p", "base_model": "b"},
+    )
     back = SFTRequest.model_validate_json(request.model_dump_json())
     assert [type(e) for e in back.examples] == [ChatRecord, Trajectory, ChatRecord]
     assert back.examples == examples

@@ -29,11 +29,23 @@ from rlcoach.ruler import (
 from rlcoach.ruler.judge import AnswerError, parse_digit_answer, parse_json_answer
 from rlcoach.types import History
 
-TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers.",
-          "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
-                                                          "b": {"type": "integer"}}}}}]  # fmt: skip
-TASK = [{"role": "system", "content": "You add numbers."},
-        {"role": "user", "content": "What is 2 + 3?"}]  # fmt: skip
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            },
+        },
+    }
+]
+TASK = [
+    {"role": "system", "content": "You add numbers."},
+    {"role": "user", "content": "What is 2 + 3?"},
+]
 
 
 def attempt(answer: str) -> list[dict]:
@@ -53,9 +65,13 @@ def blocks(request: dict) -> dict[str, str]:
 
 def by_content(request: dict) -> str:
     """Score each trajectory by the number after 'answer' in its body: 'answer 7' -> 0.7."""
-    scores = {label: {"explanation": f"said {body}",
-                      "score": int(re.search(r"answer (\d+)", body).group(1)) / 10}
-              for label, body in blocks(request).items()}  # fmt: skip
+    scores = {
+        label: {
+            "explanation": f"said {body}",
+            "score": int(re.search(r"answer (\d+)", body).group(1)) / 10,
+        }
+        for label, body in blocks(request).items()
+    }
     return json.dumps(scores)
 
 
@@ -67,11 +83,17 @@ def config(tmp_path, **fields) -> RulerConfig:
 
 
 def test_render_shows_shared_context_once_and_each_remainder():
-    call = {"id": "c1", "type": "function", "function": {"name": "add",
-            "arguments": '{"a": 2, "b": 3}'}}  # fmt: skip
-    with_tool = [*TASK, {"role": "assistant", "content": None, "tool_calls": [call]},
-                 {"role": "tool", "tool_call_id": "c1", "content": "error: overflow"},
-                 {"role": "assistant", "content": "It is 5."}]  # fmt: skip
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'},
+    }
+    with_tool = [
+        *TASK,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "error: overflow"},
+        {"role": "assistant", "content": "It is 5."},
+    ]
     rendered = render_group([Candidate(with_tool, TOOLS), Candidate(attempt("6"), TOOLS)])
     assert "[user] What is 2 + 3?" in rendered.context
     assert "- add(a: integer, b: integer): Add two integers." in rendered.context
@@ -82,12 +104,20 @@ def test_render_shows_shared_context_once_and_each_remainder():
 
 
 def test_render_lists_tools_per_trajectory_when_they_differ_and_extra_histories():
-    other_tools = [{"name": "search", "description": "Search the web.",
-                    "inputSchema": {"type": "object", "properties": {"q": {"type": "string"}}}}]
-    sub_agent = ([{"role": "user", "content": "Summarise: 5"},
-                  {"role": "assistant", "content": "five"}], None)  # fmt: skip
-    rendered = render_group([Candidate(attempt("5"), TOOLS, [sub_agent]),
-                             Candidate(attempt("6"), other_tools)])  # fmt: skip
+    other_tools = [
+        {
+            "name": "search",
+            "description": "Search the web.",
+            "inputSchema": {"type": "object", "properties": {"q": {"type": "string"}}},
+        }
+    ]
+    sub_agent = (
+        [{"role": "user", "content": "Summarise: 5"}, {"role": "assistant", "content": "five"}],
+        None,
+    )
+    rendered = render_group(
+        [Candidate(attempt("5"), TOOLS, [sub_agent]), Candidate(attempt("6"), other_tools)]
+    )
     assert "Tools offered to every trajectory" not in rendered.context
     assert "- add(a: integer, b: integer)" in rendered.bodies[0]
     assert "- search(q: string): Search the web." in rendered.bodies[1]
@@ -96,15 +126,17 @@ def test_render_lists_tools_per_trajectory_when_they_differ_and_extra_histories(
 
 
 def test_identical_trajectories_are_rendered_and_judged_once():
-    rendered = render_group([Candidate(attempt("5")), Candidate(attempt("6")),
-                             Candidate(attempt("5"))])  # fmt: skip
+    rendered = render_group(
+        [Candidate(attempt("5")), Candidate(attempt("6")), Candidate(attempt("5"))]
+    )
     assert len(rendered.bodies) == 2
     assert rendered.index == [0, 1, 0]
 
 
 def test_candidate_from_trajectory_keeps_additional_histories():
-    trajectory = Trajectory(messages=attempt("5"), tools=TOOLS,
-                            additional_histories=[History(messages=attempt("9"))])  # fmt: skip
+    trajectory = Trajectory(
+        messages=attempt("5"), tools=TOOLS, additional_histories=[History(messages=attempt("9"))]
+    )
     candidate = Candidate.from_trajectory(trajectory)
     assert candidate.tools == TOOLS
     assert [list(m) for m, _ in candidate.extra] == [attempt("9")]
@@ -118,24 +150,39 @@ def test_parse_json_answer_accepts_fences_and_string_numbers():
     assert parse_json_answer(content, 2) == {"1": (0.5, "ok"), "2": (1.0, "")}
 
 
-@pytest.mark.parametrize(("content", "problem"), [
-    ('{"1": {"score": 0.5}}', r"missing \['2'\]"),
-    ('{"1": {"score": 0.5}, "2": {"score": 0.1}, "3": {"score": 0}}', r"unexpected \['3'\]"),
-    ('{"1": {"score": 7}, "2": {"score": 0.1}}', "score is 7; scores must be between 0 and 1"),
-    ('{"1": {"score": "good"}, "2": {"score": 0.1}}', "must be a number, got 'good'"),
-    ("I think the first one is better.", "contains no JSON object"),
-    ('{"1": {"score": 0.5}, ', "contains no JSON object|not valid JSON"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ('{"1": {"score": 0.5}}', r"missing \['2'\]"),
+        ('{"1": {"score": 0.5}, "2": {"score": 0.1}, "3": {"score": 0}}', r"unexpected \['3'\]"),
+        ('{"1": {"score": 7}, "2": {"score": 0.1}}', "score is 7; scores must be between 0 and 1"),
+        ('{"1": {"score": "good"}, "2": {"score": 0.1}}', "must be a number, got 'good'"),
+        ("I think the first one is better.", "contains no JSON object"),
+        ('{"1": {"score": 0.5}, ', "contains no JSON object|not valid JSON"),
+    ],
+)
 def test_parse_json_answer_says_what_is_wrong(content, problem):
     with pytest.raises(AnswerError, match=problem):
         parse_json_answer(content, 2)
 
 
 def test_parse_digit_answer_is_the_expected_digit_over_digit_tokens():
-    choice = {"logprobs": {"content": [{"token": "7", "logprob": math.log(0.5), "top_logprobs": [
-        {"token": "7", "logprob": math.log(0.5)}, {"token": " 9", "logprob": math.log(0.25)},
-        {"token": "The", "logprob": math.log(0.2)}, {"token": "0", "logprob": math.log(0.05)},
-    ]}]}}  # fmt: skip
+    choice = {
+        "logprobs": {
+            "content": [
+                {
+                    "token": "7",
+                    "logprob": math.log(0.5),
+                    "top_logprobs": [
+                        {"token": "7", "logprob": math.log(0.5)},
+                        {"token": " 9", "logprob": math.log(0.25)},
+                        {"token": "The", "logprob": math.log(0.2)},
+                        {"token": "0", "logprob": math.log(0.05)},
+                    ],
+                }
+            ]
+        }
+    }
     value, mass = parse_digit_answer(choice, 1e-4)
     assert mass == pytest.approx(0.8)
     assert value == pytest.approx((7 * 0.5 + 9 * 0.25) / 0.8 / 9)
@@ -161,15 +208,26 @@ async def test_orderings_are_shuffled_and_scores_map_back(judge, tmp_path):
     shown = [tuple(blocks(request).values()) for request in judge.requests]
     assert len(set(shown)) > 1, "every ordering showed the trajectories in the same order"
     assert judge.requests[0]["response_format"]["json_schema"]["schema"]["required"] == [
-        "1", "2", "3", "4", "5"]  # fmt: skip
+        "1",
+        "2",
+        "3",
+        "4",
+        "5",
+    ]
 
 
 async def test_position_bias_shows_up_as_spread(judge, tmp_path):
-    judge.answer = lambda request: json.dumps({label: {"explanation": "", "score": 1.0 if
-                                               label == "1" else 0.0}
-                                               for label in blocks(request)})  # fmt: skip
-    results = await score([attempt("1"), attempt("2"), attempt("3")], judge.model,
-                          config=config(tmp_path, n_orderings=6))  # fmt: skip
+    judge.answer = lambda request: json.dumps(
+        {
+            label: {"explanation": "", "score": 1.0 if label == "1" else 0.0}
+            for label in blocks(request)
+        }
+    )
+    results = await score(
+        [attempt("1"), attempt("2"), attempt("3")],
+        judge.model,
+        config=config(tmp_path, n_orderings=6),
+    )
     assert max(r.spread for r in results) == 1.0
 
 
@@ -195,8 +253,12 @@ async def test_wrong_count_is_retried_with_the_problem_fed_back(judge, tmp_path)
 
     judge.answer = answer
     usage = JudgeUsage()
-    results = await score([attempt("2"), attempt("7"), attempt("5")], judge.model,
-                          config=config(tmp_path), usage=usage)  # fmt: skip
+    results = await score(
+        [attempt("2"), attempt("7"), attempt("5")],
+        judge.model,
+        config=config(tmp_path),
+        usage=usage,
+    )
     assert [r.score for r in results] == pytest.approx([0.2, 0.7, 0.5])
     assert usage.retries == 1 and usage.calls == 2
     feedback = judge.requests[1]["messages"][-1]["content"]
@@ -206,8 +268,9 @@ async def test_wrong_count_is_retried_with_the_problem_fed_back(judge, tmp_path)
 async def test_score_group_copies_rewards_keeps_originals_and_explains(judge, tmp_path):
     judge.answer = by_content
     group = TrajectoryGroup([Trajectory(messages=attempt(n), reward=0.25) for n in ("4", "9")])
-    scored = await score_group(group, judge.model,
-                               config=config(tmp_path, price_per_million_tokens=(1.0, 2.0)))
+    scored = await score_group(
+        group, judge.model, config=config(tmp_path, price_per_million_tokens=(1.0, 2.0))
+    )
     assert scored.rewards == pytest.approx([0.4, 0.9])
     assert group.rewards == [0.25, 0.25], "the input group was mutated"
     assert [t.metrics["original_reward"] for t in scored.trajectories] == [0.25, 0.25]
@@ -219,11 +282,11 @@ async def test_score_group_copies_rewards_keeps_originals_and_explains(judge, tm
 
 
 @pytest.mark.parametrize("on_failure", ["keep", "drop", "raise"])
-async def test_a_judge_that_never_answers_right_is_recorded_not_fatal(judge, tmp_path,
-                                                                      on_failure):  # fmt: skip
+async def test_a_judge_that_never_answers_right_is_recorded_not_fatal(judge, tmp_path, on_failure):
     judge.answer = lambda request: "I cannot decide."
-    group = TrajectoryGroup([Trajectory(messages=attempt(n), reward=r)
-                             for n, r in (("1", 0.0), ("2", 1.0))])  # fmt: skip
+    group = TrajectoryGroup(
+        [Trajectory(messages=attempt(n), reward=r) for n, r in (("1", 0.0), ("2", 1.0))]
+    )
     cfg = config(tmp_path, on_failure=on_failure, max_retries=2)
     if on_failure == "raise":
         with pytest.raises(JudgeError, match="no usable answer in 3 attempts"):
@@ -247,8 +310,9 @@ async def test_a_slow_judge_times_out_instead_of_hanging(judge, tmp_path):
     judge.delay_s = 3.0
     group = TrajectoryGroup([Trajectory(messages=attempt(n)) for n in ("1", "2")])
     started = time.monotonic()
-    scored = await score_group(group, judge.model,
-                               config=config(tmp_path, timeout_s=0.3, max_retries=1))
+    scored = await score_group(
+        group, judge.model, config=config(tmp_path, timeout_s=0.3, max_retries=1)
+    )
     assert time.monotonic() - started < 2.5
     assert scored.metadata["ruler_failed"] is True
     assert "request failed" in scored.metadata["ruler_error"]
@@ -262,11 +326,13 @@ async def test_probs_mode_reads_digit_probabilities_per_trajectory(judge, tmp_pa
         return {digit: math.log(0.6), "The": math.log(0.3), "0": math.log(0.1)}
 
     judge.answer = answer
-    results = await score([attempt("9"), attempt("3")], judge.model,
-                          config=config(tmp_path, mode="probs"))  # fmt: skip
+    results = await score(
+        [attempt("9"), attempt("3")], judge.model, config=config(tmp_path, mode="probs")
+    )
     assert [r.score for r in results] == pytest.approx([9 * 0.6 / 0.7 / 9, 3 * 0.6 / 0.7 / 9])
-    assert all(request["max_tokens"] == 1 and request["top_logprobs"] == 20
-               for request in judge.requests)  # fmt: skip
+    assert all(
+        request["max_tokens"] == 1 and request["top_logprobs"] == 20 for request in judge.requests
+    )
     assert "probability on digits 0.70" in results[0].explanation
 
 
@@ -278,5 +344,7 @@ async def test_after_each_scores_groups_while_gathering(judge, tmp_path):
 
     groups = await gather_trajectory_groups(
         [[rollout("2"), rollout("5")], [rollout("8"), rollout("1")]],
-        after_each=after_each(judge.model, config=config(tmp_path)), progress=False)
+        after_each=after_each(judge.model, config=config(tmp_path)),
+        progress=False,
+    )
     assert [g.rewards for g in groups] == [pytest.approx([0.2, 0.5]), pytest.approx([0.8, 0.1])]

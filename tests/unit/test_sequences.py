@@ -11,21 +11,33 @@ from rlcoach import SampledChoice, TrainingDataError, Trajectory
 from rlcoach.demo.task import ADD_TOOL
 from rlcoach.trainer.sequences import build_sequences, pack_sequences
 
-CALL = {"id": "c1", "type": "function",
-        "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}  # fmt: skip
+CALL = {
+    "id": "c1",
+    "type": "function",
+    "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'},
+}
 USER = [{"role": "user", "content": "What is 1 + 2?"}]
-AFTER_CALL = [*USER, {"role": "assistant", "content": None, "tool_calls": [CALL]},
-              {"role": "tool", "tool_call_id": "c1", "content": "3"}]  # fmt: skip
+AFTER_CALL = [
+    *USER,
+    {"role": "assistant", "content": None, "tool_calls": [CALL]},
+    {"role": "tool", "tool_call_id": "c1", "content": "3"},
+]
 
 
 def _render(tokenizer, messages):
-    return tokenizer.apply_chat_template(messages, tools=[ADD_TOOL], add_generation_prompt=True,
-                                         tokenize=True, return_dict=False)  # fmt: skip
+    return tokenizer.apply_chat_template(
+        messages, tools=[ADD_TOOL], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
 
 
 def _choice(prompt, sampled):
-    return SampledChoice(message={"role": "assistant"}, prompt_token_ids=prompt,
-                         token_ids=sampled, logprobs=[-0.5] * len(sampled), policy="p@0")
+    return SampledChoice(
+        message={"role": "assistant"},
+        prompt_token_ids=prompt,
+        token_ids=sampled,
+        logprobs=[-0.5] * len(sampled),
+        policy="p@0",
+    )
 
 
 def _two_turns(tokenizer, first_reply_ids):
@@ -48,14 +60,17 @@ def test_a_turn_that_extends_the_conversation_is_one_sequence(tokenizer):
     mask = torch.tensor(sequence.sampled_mask, dtype=torch.bool)
     trained = tokenizer.decode(ids[mask])
     context = tokenizer.decode(ids[~mask])
-    assert trained == ('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n'
-                       "</tool_call><|im_end|>1 + 2 = 3<|im_end|>")  # fmt: skip
+    assert trained == (
+        '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n'
+        "</tool_call><|im_end|>1 + 2 = 3<|im_end|>"
+    )
     # the tool result and the turn headers are context, never trained
     assert "<tool_response>\n3\n</tool_response>" in context
     assert context.endswith("<|im_start|>assistant\n")
     assert sequence.token_ids[: len(_render(tokenizer, USER))] == _render(tokenizer, USER)
-    assert [lp for lp, m in zip(sequence.old_logprobs, sequence.sampled_mask, strict=True)
-            if m] == [-0.5] * sequence.sampled_tokens  # fmt: skip
+    assert [
+        lp for lp, m in zip(sequence.old_logprobs, sequence.sampled_mask, strict=True) if m
+    ] == [-0.5] * sequence.sampled_tokens
     assert sequence.advantage == 0.5
 
 
@@ -66,9 +81,7 @@ def test_a_reply_the_template_renders_differently_starts_a_new_sequence(tokenize
     trajectory = _two_turns(tokenizer, odd)
     first, second = build_sequences(trajectory, advantage=1.0)
     assert first.token_ids[-len(odd) :] == odd and first.sampled_tokens == len(odd)
-    assert second.token_ids[: len(_render(tokenizer, AFTER_CALL))] == _render(
-        tokenizer, AFTER_CALL
-    )
+    assert second.token_ids[: len(_render(tokenizer, AFTER_CALL))] == _render(tokenizer, AFTER_CALL)
     # every sampled token is trained exactly once
     total = sum(len(c.token_ids) for c in trajectory.choices)
     assert first.sampled_tokens + second.sampled_tokens == total
@@ -102,9 +115,12 @@ def test_packed_logprobs_equal_unpacked(model_path):
     (row,) = pack_sequences([a, b], max_tokens=100)
     with torch.no_grad():
         packed = chunked_token_logprobs(model, row.input_ids_T[None], row.position_ids_T[None], 16)
-        alone = [chunked_token_logprobs(model, torch.tensor([s.token_ids]),
-                                        torch.arange(len(s.token_ids))[None], 16)
-                 for s in (a, b)]  # fmt: skip
+        alone = [
+            chunked_token_logprobs(
+                model, torch.tensor([s.token_ids]), torch.arange(len(s.token_ids))[None], 16
+            )
+            for s in (a, b)
+        ]
     # packed[i] predicts token i+1; the boundary position (a's last -> b's first) is unused
     torch.testing.assert_close(packed[:39], alone[0], atol=1e-4, rtol=0)
     torch.testing.assert_close(packed[40:], alone[1], atol=1e-4, rtol=0)
@@ -121,10 +137,13 @@ def test_segment_attention_matches_the_dense_mask_and_gradients(model_path):
 
     register_segment_attention()
     dense = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    fast = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
-                                                attn_implementation=SEGMENT_ATTENTION)  # fmt: skip
-    seqs = [TrainSequence(list(range(s, s + n)), [1] * n, [0.0] * n, 1.0, str(s))
-            for s, n in ((100, 40), (300, 25), (700, 9))]  # fmt: skip
+    fast = AutoModelForCausalLM.from_pretrained(
+        model_path, dtype=torch.float32, attn_implementation=SEGMENT_ATTENTION
+    )
+    seqs = [
+        TrainSequence(list(range(s, s + n)), [1] * n, [0.0] * n, 1.0, str(s))
+        for s, n in ((100, 40), (300, 25), (700, 9))
+    ]
     (row,) = pack_sequences(seqs, max_tokens=100)
     ids, positions = row.input_ids_T[None], row.position_ids_T[None]
     results = []
@@ -132,10 +151,11 @@ def test_segment_attention_matches_the_dense_mask_and_gradients(model_path):
         logprobs = chunked_token_logprobs(model, ids, positions, 16)
         logprobs.sum().backward()
         grad = model.get_output_embeddings().weight.grad
-        results.append((logprobs.detach(), grad[: 1000].clone()))
+        results.append((logprobs.detach(), grad[:1000].clone()))
     torch.testing.assert_close(results[1][0], results[0][0], atol=1e-4, rtol=0)
     torch.testing.assert_close(results[1][1], results[0][1], atol=1e-4, rtol=1e-3)
     with torch.no_grad():
-        alone = chunked_token_logprobs(fast, torch.tensor([seqs[2].token_ids]),
-                                       torch.arange(9)[None], 16)  # fmt: skip
+        alone = chunked_token_logprobs(
+            fast, torch.tensor([seqs[2].token_ids]), torch.arange(9)[None], 16
+        )
     torch.testing.assert_close(results[1][0][-8:], alone, atol=1e-4, rtol=0)

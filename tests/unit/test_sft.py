@@ -13,18 +13,35 @@ from rlcoach.errors import TrainingDataError
 from rlcoach.trainer.sft import _batches, chat_sequences, sft_loss, sft_sequences
 from rlcoach.types import ChatRecord, SampledChoice, Trajectory
 
-TOOLS = [{"type": "function", "function": {
-    "name": "add", "description": "Add two numbers.",
-    "parameters": {"type": "object", "properties": {"a": {"type": "number"},
-                                                    "b": {"type": "number"}},
-                   "required": ["a", "b"]}}}]  # fmt: skip
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two numbers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
 
 CONVERSATION = [
     {"role": "system", "content": "You add numbers with the add tool."},
     {"role": "user", "content": "What is 12 + 30?"},
-    {"role": "assistant", "content": None, "tool_calls": [{
-        "id": "call_1", "type": "function",
-        "function": {"name": "add", "arguments": json.dumps({"a": 12, "b": 30})}}]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "add", "arguments": json.dumps({"a": 12, "b": 30})},
+            }
+        ],
+    },
     {"role": "tool", "tool_call_id": "call_1", "content": "42"},
     {"role": "assistant", "content": "12 + 30 = 42."},
 ]
@@ -45,8 +62,9 @@ def test_mask_covers_the_assistant_turns_and_nothing_else(tokenizer):
     assert "What is 12 + 30?" not in trained and "You add numbers" not in trained
     assert "<tools>" in context  # the tools are in the prompt, as the engine renders them
     # the sequence is exactly the whole conversation rendered by the template
-    full = tokenizer.apply_chat_template(CONVERSATION, tools=TOOLS, tokenize=True,
-                                         return_dict=False)  # fmt: skip
+    full = tokenizer.apply_chat_template(
+        CONVERSATION, tools=TOOLS, tokenize=True, return_dict=False
+    )
     assert sequence.token_ids == list(full)
 
 
@@ -60,11 +78,17 @@ def test_records_without_an_assistant_turn_or_role_are_refused(tokenizer):
 
 
 def test_recorded_trajectories_train_on_their_sampled_tokens(tokenizer):
-    choice = SampledChoice(message={"role": "assistant", "content": "4"}, finish_reason="stop",
-                           prompt_token_ids=[1, 2, 3], token_ids=[7, 8], logprobs=[-0.1, -0.2],
-                           policy="m@0")  # fmt: skip
-    recorded = Trajectory(messages=[{"role": "user", "content": "2+2?"}, choice.message],
-                          choices=[choice])  # fmt: skip
+    choice = SampledChoice(
+        message={"role": "assistant", "content": "4"},
+        finish_reason="stop",
+        prompt_token_ids=[1, 2, 3],
+        token_ids=[7, 8],
+        logprobs=[-0.1, -0.2],
+        policy="m@0",
+    )
+    recorded = Trajectory(
+        messages=[{"role": "user", "content": "2+2?"}, choice.message], choices=[choice]
+    )
     teacher = Trajectory(messages=CONVERSATION, tools=TOOLS)  # messages only: rendered
     first, second = sft_sequences([recorded, teacher], tokenizer)
     assert first.token_ids == [1, 2, 3, 7, 8] and first.sampled_mask == [0, 0, 0, 1, 1]
@@ -83,13 +107,40 @@ def test_loss_and_batches():
 
 def test_streamed_completion_is_merged_into_one_message():
     chunks = [
-        {"id": "c1", "model": "t", "choices": [{"index": 0, "delta": {"role": "assistant",
-                                                                       "content": "Let me"}}]},
-        {"choices": [{"index": 0, "delta": {"content": " add.", "tool_calls": [
-            {"index": 0, "id": "call_9", "function": {"name": "add", "arguments": '{"a": '}}]}}]},
-        {"choices": [{"index": 0, "finish_reason": "tool_calls", "delta": {"tool_calls": [
-            {"index": 0, "function": {"arguments": "1, \"b\": 2}"}}]}}]},
-    ]  # fmt: skip
+        {
+            "id": "c1",
+            "model": "t",
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Let me"}}],
+        },
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "content": " add.",
+                        "tool_calls": [
+                            {
+                                "index": 0,
+                                "id": "call_9",
+                                "function": {"name": "add", "arguments": '{"a": '},
+                            }
+                        ],
+                    },
+                }
+            ]
+        },
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "tool_calls",
+                    "delta": {
+                        "tool_calls": [{"index": 0, "function": {"arguments": '1, "b": 2}'}}]
+                    },
+                }
+            ]
+        },
+    ]
     text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
     merged = merge_stream(text)
     message = merged["choices"][0]["message"]
@@ -106,8 +157,12 @@ def test_captured_calls_group_into_conversations():
     first = [{"role": "user", "content": "q"}]
     second = [*first, {"role": "assistant", "content": "a1"}, {"role": "user", "content": "more"}]
     summary = [{"role": "user", "content": "summarise"}]
-    histories = _conversations([({"messages": first}, reply("a1")),
-                                ({"messages": summary}, reply("s")),
-                                ({"messages": second}, reply("a2"))])  # fmt: skip
+    histories = _conversations(
+        [
+            ({"messages": first}, reply("a1")),
+            ({"messages": summary}, reply("s")),
+            ({"messages": second}, reply("a2")),
+        ]
+    )
     assert [len(h.messages) for h in histories] == [4, 2]
     assert histories[0].messages[-1]["content"] == "a2"

@@ -8,26 +8,46 @@ BAD = {"id": "c2", "type": "function", "function": {"name": "add", "arguments": 
 
 
 def _choice(message, start=None, latency=None):
-    return SampledChoice(message=message, prompt_token_ids=[1, 2], token_ids=[3, 4],
-                         logprobs=[-0.1, -0.2], policy="agent@2", started_at=start,
-                         latency_s=latency)  # fmt: skip
+    return SampledChoice(
+        message=message,
+        prompt_token_ids=[1, 2],
+        token_ids=[3, 4],
+        logprobs=[-0.1, -0.2],
+        policy="agent@2",
+        started_at=start,
+        latency_s=latency,
+    )
 
 
 def test_calls_prompts_tools_and_times():
     demo = {"role": "assistant", "content": "It is 5."}  # a worked example in the prompt
     first = {"role": "assistant", "content": None, "tool_calls": [CALL, BAD]}
     final = {"role": "assistant", "content": "It is 5."}
-    messages = [{"role": "system", "content": "add"}, {"role": "user", "content": "2+3?"}, demo,
-                {"role": "user", "content": "2+3 again?"}, first,
-                {"role": "tool", "tool_call_id": "c2", "content": "error: bad JSON"},
-                {"role": "tool", "tool_call_id": "c1", "content": "5"}, final]  # fmt: skip
+    messages = [
+        {"role": "system", "content": "add"},
+        {"role": "user", "content": "2+3?"},
+        demo,
+        {"role": "user", "content": "2+3 again?"},
+        first,
+        {"role": "tool", "tool_call_id": "c2", "content": "error: bad JSON"},
+        {"role": "tool", "tool_call_id": "c1", "content": "5"},
+        final,
+    ]
     trajectory = Trajectory(
-        messages=messages, choices=[_choice(first, 100.0, 1.0), _choice(final, 103.0, 0.5)],
-        additional_histories=[History(messages=[{"role": "user", "content": "sum up"},
-                                                {"role": "assistant", "content": "ok"}],
-                                      choices=[_choice({"role": "assistant", "content": "ok"})])],
-        started_at=99.0, finished_at=104.0,
-    )  # fmt: skip
+        messages=messages,
+        choices=[_choice(first, 100.0, 1.0), _choice(final, 103.0, 0.5)],
+        additional_histories=[
+            History(
+                messages=[
+                    {"role": "user", "content": "sum up"},
+                    {"role": "assistant", "content": "ok"},
+                ],
+                choices=[_choice({"role": "assistant", "content": "ok"})],
+            )
+        ],
+        started_at=99.0,
+        finished_at=104.0,
+    )
     line = timeline(trajectory)
     assert (line.start, line.end) == (99.0, 104.0)
     main, sub = line.histories
@@ -44,9 +64,10 @@ def test_calls_prompts_tools_and_times():
 
 
 def test_old_files_without_times():
-    trajectory = Trajectory(messages=[{"role": "user", "content": "hi"}, {"role": "assistant",
-                            "content": "yo"}], choices=[_choice({"role": "assistant",
-                            "content": "yo"})])  # fmt: skip
+    trajectory = Trajectory(
+        messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}],
+        choices=[_choice({"role": "assistant", "content": "yo"})],
+    )
     line = timeline(trajectory, now=50.0)
     assert (line.start, line.end) == (50.0, 50.0)
     assert line.policy_calls[0].prompt == [{"role": "user", "content": "hi"}]

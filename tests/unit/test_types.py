@@ -16,23 +16,35 @@ from rlcoach.types import choice_from_response_json
 
 def _choice(policy="agent@3", tokens=(5, 6, 2)):
     return SampledChoice(
-        message={"role": "assistant", "content": "héllo", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
-        finish_reason="tool_calls", prompt_token_ids=[1, 2, 3], token_ids=list(tokens),
-        logprobs=[-0.5, -1.25, -1e-9][: len(tokens)], policy=policy,
-    )  # fmt: skip
+        message={
+            "role": "assistant",
+            "content": "héllo",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ],
+        },
+        finish_reason="tool_calls",
+        prompt_token_ids=[1, 2, 3],
+        token_ids=list(tokens),
+        logprobs=[-0.5, -1.25, -1e-9][: len(tokens)],
+        policy=policy,
+    )
 
 
 def test_roundtrip_is_lossless(tmp_path):
     trajectory = Trajectory(
-        messages=[{"role": "user", "content": "hi"}], tools=[{"type": "function",
-        "function": {"name": "f", "parameters": {}}}], choices=[_choice()],
+        messages=[{"role": "user", "content": "hi"}],
+        tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        choices=[_choice()],
         additional_histories=[History(messages=[], choices=[_choice("agent@2", (9,))])],
-        reward=0.75, metrics={"success": 1.0}, metadata={"task": "t1", "n": 3, "ok": True},
+        reward=0.75,
+        metrics={"success": 1.0},
+        metadata={"task": "t1", "n": 3, "ok": True},
         logs=["judge: fine"],
-    )  # fmt: skip
-    group = TrajectoryGroup([trajectory], failures=[RolloutFailure(type="E", message="m")],
-                            metadata={"split": "train"})
+    )
+    group = TrajectoryGroup(
+        [trajectory], failures=[RolloutFailure(type="E", message="m")], metadata={"split": "train"}
+    )
     path = save_groups(tmp_path / "step" / "000001.jsonl", [group, TrajectoryGroup()])
     loaded = load_groups(path)
     assert loaded == [group, TrajectoryGroup()]
@@ -43,8 +55,9 @@ def test_roundtrip_is_lossless(tmp_path):
 
 def test_choice_needs_one_logprob_per_token():
     with pytest.raises(ValueError, match="3 token ids but 2 logprobs"):
-        SampledChoice(message={}, prompt_token_ids=[1], token_ids=[1, 2, 3],
-                      logprobs=[0.0, 0.0], policy="p")
+        SampledChoice(
+            message={}, prompt_token_ids=[1], token_ids=[1, 2, 3], logprobs=[0.0, 0.0], policy="p"
+        )
 
 
 def test_completion_without_token_ids_is_refused_with_the_fix():
@@ -55,11 +68,14 @@ def test_completion_without_token_ids_is_refused_with_the_fix():
 def test_choice_from_policy_endpoint_json():
     response = {"model": "agent@1", "prompt_token_ids": [1, 2]}
     choice = choice_from_response_json(
-        {"message": {"role": "assistant", "content": "ok", "refusal": None},
-         "finish_reason": "stop", "token_ids": [7, 2],
-         "logprobs": {"content": [{"token": "ok", "logprob": -0.1}, {"logprob": -0.2}]}},
+        {
+            "message": {"role": "assistant", "content": "ok", "refusal": None},
+            "finish_reason": "stop",
+            "token_ids": [7, 2],
+            "logprobs": {"content": [{"token": "ok", "logprob": -0.1}, {"logprob": -0.2}]},
+        },
         response,
-    )  # fmt: skip
+    )
     assert choice.message == {"role": "assistant", "content": "ok"}
     assert choice.logprobs == [-0.1, -0.2]
     assert choice.policy == "agent@1"
