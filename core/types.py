@@ -32,6 +32,7 @@ __all__ = [
     "Trajectory",
     "TrajectoryGroup",
     "load_groups",
+    "policy_version_of",
     "save_groups",
 ]
 
@@ -47,6 +48,14 @@ Scalar = str | int | float | bool | None
 TIMING_KEY = "rlcoach_timing"
 """Where the policy endpoint puts a recorded response's timing (`started_at`, `latency_s`);
 only recorded copies carry it, never what the client receives."""
+
+
+def policy_version_of(served_name: object) -> int | None:
+    """The step of a served name `name@step` (None for a name without `@<digits>`)."""
+    if not isinstance(served_name, str):
+        return None
+    _, at, step = served_name.rpartition("@")
+    return int(step) if at and step.isdigit() else None
 
 
 class SampledChoice(BaseModel):
@@ -66,10 +75,25 @@ class SampledChoice(BaseModel):
     """The engine's log-probability of each sampled token (the behaviour policy)."""
     policy: str
     """The served name that sampled it, `name@step` (or the base model's name)."""
+    policy_version: int | None = None
+    """The policy version (training step) that sampled it: the `step` of `name@step`;
+    None for a name without one (the base model's own name, a model served elsewhere).
+    Filled from `policy` when not given, so files written before it existed load the
+    same. The trainer drops samples more than `TrainConfig.max_staleness` versions older
+    than the model being trained (staleness.py)."""
     started_at: float | None = None
     """Unix time the policy endpoint received the request (None if not recorded)."""
     latency_s: float | None = None
     """Seconds the engine took to answer it (None if not recorded)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _version_from_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("policy_version") is None:
+            version = policy_version_of(data.get("policy"))
+            if version is not None:
+                data = {**data, "policy_version": version}
+        return data
 
     @model_validator(mode="after")
     def _lengths_agree(self) -> SampledChoice:
@@ -175,6 +199,14 @@ class Trajectory(BaseModel):
         """The served names that sampled this trajectory's choices (usually one)."""
         names = {c.policy for h in self.histories() for c in h.choices}
         return sorted(names)
+
+    @property
+    def policy_version(self) -> int | None:
+        """The oldest policy version among its choices (a multi-turn rollout that spans a
+        publish is as stale as its first call); None when no choice carries a version."""
+        versions = [c.policy_version for h in self.histories() for c in h.choices]
+        known = [v for v in versions if v is not None]
+        return min(known) if known else None
 
     def sampled_token_count(self) -> int:
         return sum(len(c.token_ids) for h in self.histories() for c in h.choices)
