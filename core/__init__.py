@@ -25,7 +25,8 @@ from rlcoach.errors import (
     UnknownModelError,
 )
 from rlcoach.gather import AfterEach, RolloutFn, gather_trajectory_groups, retry
-from rlcoach.model import Model, TrainableModel
+from rlcoach.model import Model, PendingStep, TrainableModel
+from rlcoach.pipeline import PipelineStep, run_pipeline
 from rlcoach.remote import RemoteBackend
 from rlcoach.rollout import Rollout, current_rollout_id
 from rlcoach.sinks import Sink, SinkConfig
@@ -59,6 +60,8 @@ __all__ = [
     "LoraConfig",
     "Model",
     "ModelUsage",
+    "PendingStep",
+    "PipelineStep",
     "RLCoachError",
     "RemoteBackend",
     "RemoteError",
@@ -84,5 +87,6 @@ __all__ = [
     "iterate_dataset",
     "load_groups",
     "retry",
+    "run_pipeline",
     "save_groups",
 ]

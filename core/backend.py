@@ -29,18 +29,20 @@ or the environment asks for (Langfuse, W&B), which never block or fail a step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import logging
 import os
 import shutil
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rlcoach.bundled import BUNDLED_MODEL, SHIPPED_MODELS, shipped_model_path
+from rlcoach.colocation import SleepGate, check_sleep_mode, release_gpu_cache
 from rlcoach.config import EngineConfig, SFTConfig, TrainConfig, parse_config
 from rlcoach.engines.base import Engine
 from rlcoach.errors import CheckpointError, ConfigError
@@ -57,6 +59,7 @@ from rlcoach.sinks import (
     rollout_metrics,
     run_info,
 )
+from rlcoach.staleness import Staleness, drop_stale
 from rlcoach.supervisor import EngineSupervisor, RestartableEngine
 from rlcoach.types import ChatRecord, Trajectory, TrajectoryGroup
 
@@ -99,12 +102,19 @@ class StepResult:
     checkpoint: Path | None
     publish_seconds: float
     save_seconds: float
+    staleness: Staleness | None = None
+    """What the staleness bound dropped (staleness.py); None for SFT."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """Phases of the step beside training, in seconds: `sleep_seconds` and
+    `wake_seconds` of a sleeping engine (colocation.py)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "step": self.step,
             "publish_seconds": self.publish_seconds,
             "save_seconds": self.save_seconds,
+            **self.timings,
+            **(self.staleness.as_dict() if self.staleness is not None else {}),
             **self.stats.as_dict(),
         }
 
@@ -195,33 +205,51 @@ class LocalBackend:
     async def start(self, base_model: str = BUNDLED_MODEL) -> None:
         """Start the engine and the gateway now (`register` does it on first use)."""
         if self.gateway is None:
-            await self._start(base_model)
+            await self._start(base_model, TrainConfig())
 
-    async def _start(self, base_model: str) -> None:
-        self._model_path = await asyncio.to_thread(resolve_base_model, base_model)
+    @property
+    def can_overlap(self) -> bool:
+        """Whether rollouts can run while a step trains without slowing each other down:
+        on GPUs with the engine resident (not on a CPU, whose cores both would share, nor
+        with a sleeping engine). The async pipeline's default (pipeline.py)."""
+        return self._placement() is not None and not isinstance(self.engine, SleepGate)
+
+    def _make_engine(self, model_path: Path, base_name: str) -> Engine:
+        """The engine `EngineConfig.kind` names (the one seam tests put a stand-in into)."""
         c = self.engine_config
-        base_name = base_model if base_model in SHIPPED_MODELS else Path(base_model).name
-        engine: Engine
         if c.kind == "vllm":
             from rlcoach.engines.vllm import VLLMEngine
 
             log = self.root / "logs" / f"vllm-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-            engine = VLLMEngine(self._model_path, base_name, c, log)
-        else:
-            from rlcoach.engines.transformers import TransformersEngine
+            return VLLMEngine(model_path, base_name, c, log)
+        from rlcoach.engines.transformers import TransformersEngine
 
-            template = (
-                c.chat_template.read_text()
-                if c.chat_template
-                else fallback_chat_template(self._model_path)
-            )
-            engine = TransformersEngine(
-                self._model_path,
-                base_name,
-                chat_template=template,
-                max_model_len=c.max_model_len,
-                dtype=c.dtype,
-            )
+        template = (
+            c.chat_template.read_text() if c.chat_template else fallback_chat_template(model_path)
+        )
+        return TransformersEngine(
+            model_path,
+            base_name,
+            chat_template=template,
+            max_model_len=c.max_model_len,
+            dtype=c.dtype,
+        )
+
+    async def _start(self, base_model: str, train_config: TrainConfig) -> None:
+        self._model_path = await asyncio.to_thread(resolve_base_model, base_model)
+        c = self.engine_config
+        base_name = base_model if base_model in SHIPPED_MODELS else Path(base_model).name
+        engine = self._make_engine(self._model_path, base_name)
+        placement = getattr(engine, "placement", None)
+        resolved = placement() if callable(placement) else None
+        if resolved is not None:
+            from rlcoach.memory import check_gpu_memory
+
+            await asyncio.to_thread(check_gpu_memory, self._model_path, c, train_config, resolved)
+        if c.colocation == "sleep":
+            gpus = (resolved.serve_gpus, resolved.train_gpus) if resolved else ((), ())
+            check_sleep_mode(engine, *gpus)
+            engine = SleepGate(engine)
         gateway = Gateway(engine, Router(engine, c.max_loras), c.host, c.port)
         gateway.start()
         try:
@@ -237,7 +265,7 @@ class LocalBackend:
 
     async def register(self, model: TrainableModel) -> None:
         if self.gateway is None:
-            await self._start(model.base_model)
+            await self._start(model.base_model, model.config)
         elif model.base_model != self.base_model:
             raise ConfigError(
                 f"model {model.name!r} wants base model {model.base_model!r} but this backend "
@@ -373,17 +401,78 @@ class LocalBackend:
         sinks = self.sinks(model)
         next_step = model.step + 1
         sinks.log_trajectories(next_step, groups)
-        trainer = await asyncio.to_thread(self._trainer, model)
-        stats = await asyncio.to_thread(trainer.step, groups, train_config)
+        fresh, staleness = drop_stale(groups, model.name, model.step, train_config.max_staleness)
+        if staleness.stale_dropped:
+            logger.warning(
+                "step %d: %d trajectories sampled more than max_staleness=%d versions before "
+                "%s are not trained",
+                next_step,
+                staleness.stale_dropped,
+                train_config.max_staleness,
+                model.served_name,
+            )
+        timings: dict[str, float] = {}
+        try:
+            async with self._engine_asleep(timings):
+                trainer = await asyncio.to_thread(self._trainer, model)
+                stats = await asyncio.to_thread(trainer.step, fresh, train_config)
+        except Exception as e:
+            await self._step_failed(model, next_step, e, staleness, started)
+            raise
         if not stats.trained:
             logger.warning("step %d: no group had reward variance; nothing trained", next_step)
-            result = StepResult(model.step, stats, None, 0.0, 0.0)
+            result = StepResult(model.step, stats, None, 0.0, 0.0, staleness, timings)
             self._record(sinks, model, next_step, "skipped", result, groups, started)
             return result
         record = {"request_id": request_id, "stats": stats.as_dict()}
-        result = await self._publish_step(model, trainer, stats, record)
+        result = await self._publish_step(model, trainer, stats, record, staleness, timings)
         self._record(sinks, model, next_step, "train", result, groups, started)
         return result
+
+    @contextlib.asynccontextmanager
+    async def _engine_asleep(self, timings: dict[str, float]) -> AsyncIterator[None]:
+        """With `colocation="sleep"`, the engine sleeps inside this block (rollouts wait at
+        the gate) and wakes after it, failed or not; otherwise nothing happens."""
+        gate = self.engine if isinstance(self.engine, SleepGate) else None
+        if gate is None or self.gateway is None:
+            yield
+            return
+        timings["sleep_seconds"] = await self.gateway.call(gate.sleep())
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(release_gpu_cache)
+            timings["wake_seconds"] = await self.gateway.call(gate.wake())
+
+    async def _step_failed(
+        self,
+        model: TrainableModel,
+        step: int,
+        error: Exception,
+        staleness: Staleness,
+        started: float,
+    ) -> None:
+        """After a step failed: the next one starts from the latest checkpoint (the trainer
+        may have stopped half-way through an update, so it is made again), the batch stays
+        on disk beside the trajectory files (the next step's would overwrite it), and the
+        failure is a metrics record. The caller re-raises."""
+        trainer = self._trainers.pop(model.name, None)
+        if trainer is not None:
+            await asyncio.to_thread(_close_trainer, trainer)
+        batch = self.paths(model).trajectory_file(step)
+        kept = batch.with_name(f"{batch.stem}.failed-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
+        with contextlib.suppress(OSError):
+            os.replace(batch, kept)
+        logger.error("step %d failed (%r); its batch is kept in %s", step, error, kept)
+        record = {
+            "event": "failed",
+            "error": f"{type(error).__name__}: {error}",
+            "batch_file": str(kept),
+            **staleness.as_dict(),
+            "step_seconds": time.perf_counter() - started,
+            "policy": model.served_name,
+        }
+        self.sinks(model).log_metrics(step, record)
 
     async def train_sft(
         self,
@@ -423,19 +512,21 @@ class LocalBackend:
             self.paths(model).dir / "sft" / f"{next_step:06d}.jsonl",
             "".join(item.model_dump_json() + "\n" for item in items),
         )
-        trainer = await asyncio.to_thread(self._trainer, model)
         tokenizer = await asyncio.to_thread(self._tokenizer)
         sequences = await asyncio.to_thread(sft_sequences, items, tokenizer)
-        stats = await asyncio.to_thread(
-            sft_train, trainer, sequences, sft_config, len(items), progress
-        )
+        timings: dict[str, float] = {}
+        async with self._engine_asleep(timings):
+            trainer = await asyncio.to_thread(self._trainer, model)
+            stats = await asyncio.to_thread(
+                sft_train, trainer, sequences, sft_config, len(items), progress
+            )
         if not stats.trained:
             raise ConfigError(
                 "the SFT examples hold no assistant token to train on; fix: "
                 "include the assistant turns the model should imitate"
             )
         record = {"request_id": request_id, "kind": "sft", "stats": stats.as_dict()}
-        result = await self._publish_step(model, trainer, stats, record)
+        result = await self._publish_step(model, trainer, stats, record, None, timings)
         self._record(self.sinks(model), model, next_step, "sft", result, [], started)
         return result
 
@@ -457,6 +548,8 @@ class LocalBackend:
         trainer: LoraTrainer | DistributedTrainer,
         stats: StepStats | SFTStats,
         record: dict[str, Any],
+        staleness: Staleness | None = None,
+        timings: dict[str, float] | None = None,
     ) -> StepResult:
         """Save the adapter as the next checkpoint, serve it, then bump the model's step."""
         assert self.gateway is not None
@@ -471,7 +564,9 @@ class LocalBackend:
         # new step does not wait for it, and a crash before it only costs AdamW's moments.
         await asyncio.to_thread(trainer.save_optimizer, folder)
         model.step = next_step
-        return StepResult(next_step, stats, folder, publish_seconds, save_seconds)
+        return StepResult(
+            next_step, stats, folder, publish_seconds, save_seconds, staleness, timings or {}
+        )
 
     @staticmethod
     def _record(

@@ -9,9 +9,10 @@ policy endpoint, and `rollout()` opens a recording scope.
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import httpx
 
@@ -28,7 +29,9 @@ if TYPE_CHECKING:
 
     from rlcoach.backend import Backend, StepResult
 
-__all__ = ["Model", "TrainableModel"]
+__all__ = ["Model", "PendingStep", "TrainableModel"]
+
+T = TypeVar("T")
 
 
 def _tag_rollout_sync(request: httpx.Request) -> None:
@@ -144,6 +147,30 @@ class Model:
         )
 
 
+class PendingStep:
+    """A training step running in the background (`model.train(groups, wait=False)`).
+
+    `await pending` (or `await pending.result()`) returns its `StepResult` or raises its
+    error. A model's steps run one after another in the order they were started, so
+    rollouts can go on while a step trains and the next step queues behind it.
+    """
+
+    def __init__(self, task: asyncio.Task[StepResult], step: int) -> None:
+        self._task = task
+        self.started_from = step
+        """The model's step when this one was started (it trains from that version or a
+        later one, if steps queued before it)."""
+
+    def done(self) -> bool:
+        return self._task.done()
+
+    def __await__(self) -> Generator[Any, None, StepResult]:
+        return self._task.__await__()
+
+    async def result(self) -> StepResult:
+        return await self._task
+
+
 class TrainableModel(Model):
     """The policy: base model + the LoRA that training produces, served as `name@step`."""
 
@@ -160,6 +187,7 @@ class TrainableModel(Model):
         self.config = parse_config(TrainConfig, config)
         self.step = 0
         self._backend: Backend | None = None
+        self._last_step: asyncio.Task[Any] | None = None
 
     @property
     def backend(self) -> Backend:
@@ -189,11 +217,55 @@ class TrainableModel(Model):
         """A scope whose policy calls become one trajectory."""
         return Rollout(self.backend, **metadata)
 
+    def _queued(self, start: Callable[[], Awaitable[T]]) -> asyncio.Task[T]:
+        """Run `start()` after the model's earlier steps, as a task (steps never overlap
+        each other; rollouts may overlap them)."""
+        previous = self._last_step
+
+        async def run() -> T:
+            if previous is not None and not previous.done():
+                await asyncio.wait([previous])  # its error belongs to its own caller
+            return await start()
+
+        task = asyncio.create_task(run(), name=f"rlcoach-train-{self.name}")
+        self._last_step = task
+        return task
+
+    @overload
     async def train(
-        self, groups: list[TrajectoryGroup], config: TrainConfig | dict[str, Any] | None = None
-    ) -> StepResult:
-        """One training step on `groups`; the new adapter is served when this returns."""
-        return await self.backend.train(self, groups, config)
+        self,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig | dict[str, Any] | None = None,
+        *,
+        wait: Literal[True] = True,
+    ) -> StepResult: ...
+
+    @overload
+    async def train(
+        self,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig | dict[str, Any] | None = None,
+        *,
+        wait: Literal[False],
+    ) -> PendingStep: ...
+
+    async def train(
+        self,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig | dict[str, Any] | None = None,
+        *,
+        wait: bool = True,
+    ) -> StepResult | PendingStep:
+        """One training step on `groups`; the new adapter is served when it finishes.
+
+        `wait=False` returns a `PendingStep` at once, so the caller can keep sampling
+        (with the current version) while the step trains; `pipeline.py` builds the
+        async loop on it. Samples staler than `TrainConfig.max_staleness` versions when
+        the step starts are dropped and counted (staleness.py).
+        """
+        backend = self.backend
+        pending = PendingStep(self._queued(lambda: backend.train(self, groups, config)), self.step)
+        return await pending if wait else pending
 
     async def train_sft(
         self,
@@ -211,4 +283,4 @@ class TrainableModel(Model):
                 "fix: run it where the model's files are, with a LocalBackend or `rlcoach "
                 "sft <file.jsonl>` (the checkpoint it writes is the model's next step)"
             )
-        return await train_sft(self, data, config, progress=progress)
+        return await self._queued(lambda: train_sft(self, data, config, progress=progress))

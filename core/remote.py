@@ -330,10 +330,20 @@ def _error(response: httpx.Response) -> Exception:
 
 def _step_result(wire: StepResultWire) -> StepResult:
     from rlcoach.backend import StepResult
+    from rlcoach.staleness import Staleness
     from rlcoach.trainer.lora import StepStats
     from rlcoach.trainer.sft import SFTStats
 
     kind = SFTStats if wire.kind == "sft" else StepStats
     stats = kind(**{name: wire.stats[name] for name in kind.__slots__})
     checkpoint = Path(wire.checkpoint) if wire.checkpoint else None  # relative to the server's root
-    return StepResult(wire.step, stats, checkpoint, wire.publish_seconds, wire.save_seconds)
+    staleness = Staleness(**wire.staleness) if wire.staleness is not None else None  # type: ignore[arg-type]
+    return StepResult(
+        wire.step,
+        stats,
+        checkpoint,
+        wire.publish_seconds,
+        wire.save_seconds,
+        staleness,
+        dict(wire.timings),
+    )

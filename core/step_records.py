@@ -25,6 +25,8 @@ def step_result_wire(result: StepResult, root: Path, kind: str = "rl") -> StepRe
         checkpoint=checkpoint,
         publish_seconds=result.publish_seconds,
         save_seconds=result.save_seconds,
+        staleness=result.staleness.as_dict() if result.staleness is not None else None,
+        timings=dict(result.timings),
     )
 
 

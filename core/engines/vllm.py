@@ -167,6 +167,8 @@ class VLLMEngine:
             template = self.log_file.with_name(f"{self.base_name}-chat-template.jinja")
             write_text_atomic(template, fallback)
             args += ["--chat-template", str(template)]
+        if c.colocation == "sleep":
+            args += ["--enable-sleep-mode"]  # colocation.py; refused on a CPU before this
         if on_gpu():
             args += ["--gpu-memory-utilization", str(c.gpu_memory_utilization)]
             if (placement := self.placement()) is not None:
@@ -194,6 +196,8 @@ class VLLMEngine:
         env = dict(os.environ)
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.config.kv_cache_gib))
+        if self.config.colocation == "sleep":
+            env["VLLM_SERVER_DEV_MODE"] = "1"  # /sleep and /wake_up are development routes
         if on_gpu() and (placement := self.placement()) is not None:
             env.update(placement.vllm_env(os.environ.get("CUDA_VISIBLE_DEVICES")))
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -319,6 +323,44 @@ class VLLMEngine:
         if response.status_code != 200:
             raise EngineHTTPError(response.status_code, data)
         return data
+
+    def sleep_unsupported(self) -> str | None:
+        """Why vLLM cannot sleep here (colocation.py); None on a CUDA GPU."""
+        if not on_gpu():
+            return "vLLM runs on the CPU here, and its sleep mode needs a CUDA GPU"
+        return None
+
+    async def sleep(self) -> None:
+        """vLLM sleep level 1: weights to CPU memory, KV cache freed. `mode=wait` lets a
+        running request finish (vLLM 0.32; 0.26 ignores the parameter, and the gate in
+        front has already drained the requests)."""
+        await self._sleep_call("/sleep", {"level": "1", "mode": "wait"}, sleeping=True)
+
+    async def wake(self) -> None:
+        await self._sleep_call("/wake_up", {}, sleeping=False)
+
+    async def _sleep_call(self, path: str, params: dict[str, str], *, sleeping: bool) -> None:
+        self._alive()
+        assert self._client is not None
+        try:
+            response = await self._client.post(path, params=params)
+        except httpx.HTTPError as e:
+            self._alive()
+            raise EngineError(f"vLLM did not answer {path}: {e!r}") from e
+        if response.status_code != 200:
+            raise EngineError(
+                f"vLLM refused {path} ({response.status_code}: {response.text[:200]}); it "
+                "needs --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1, which "
+                "EngineConfig(colocation='sleep') sets"
+            )
+        # Older servers answered before the engine core had finished: wait until it says so.
+        deadline = time.monotonic() + self.config.request_timeout_s
+        while time.monotonic() < deadline:
+            state = await self._client.get("/is_sleeping", timeout=30.0)
+            if state.status_code != 200 or state.json().get("is_sleeping") is sleeping:
+                return
+            await asyncio.sleep(0.05)
+        raise EngineError(f"vLLM did not finish {path} within {self.config.request_timeout_s} s")
 
     async def load_adapter(self, served_name: str, path: Path) -> None:
         payload = {"lora_name": served_name, "lora_path": str(path)}  # absolute: see LocalBackend
