@@ -6,9 +6,14 @@ from its latest complete checkpoint. `train(model, groups)` saves the groups bes
 checkpoints first (so a crash mid-step loses no trajectory), runs one LoRA step in a
 worker thread, writes the adapter to a temp folder renamed to
 `<root>/<project>/<model>/checkpoints/<step>/`, publishes it to the engine, then writes
-the optimizer state beside it (off the publish path) and bumps the model's step. On a
-CPU, rollouts and training never overlap: `train` is only called between gathers, and
-the engine sits idle while the trainer runs.
+the optimizer state beside it (off the publish path) and bumps the model's step.
+Before training, samples staler than `TrainConfig.max_staleness` policy versions are
+dropped and counted (staleness.py). Rollouts may run while a step trains (the async
+pipeline, pipeline.py; the default where `can_overlap`, on GPUs); on a CPU the loop
+stays synchronous. With `EngineConfig(colocation="sleep")` the engine sleeps while the
+trainer runs (colocation.py). A step that raises keeps its batch on disk, is recorded as
+`failed`, and makes the next step rebuild the trainer from the latest checkpoint. On a
+GPU, registration first checks that the engine and the trainer fit (memory.py).
 
 The trainer is `LoraTrainer` in this process, or, where the placement names several
 training GPUs (or `cpu_train_ranks` asks for CPU ranks), `DistributedTrainer`: torchrun
@@ -42,7 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rlcoach.bundled import BUNDLED_MODEL, SHIPPED_MODELS, shipped_model_path
-from rlcoach.colocation import SleepGate, check_sleep_mode, release_gpu_cache
+from rlcoach.colocation import check_sleep_mode, release_gpu_cache, sleep_engine, wake_engine
 from rlcoach.config import EngineConfig, SFTConfig, TrainConfig, parse_config
 from rlcoach.engines.base import Engine
 from rlcoach.errors import CheckpointError, ConfigError
@@ -212,7 +217,7 @@ class LocalBackend:
         """Whether rollouts can run while a step trains without slowing each other down:
         on GPUs with the engine resident (not on a CPU, whose cores both would share, nor
         with a sleeping engine). The async pipeline's default (pipeline.py)."""
-        return self._placement() is not None and not isinstance(self.engine, SleepGate)
+        return self._placement() is not None and self.engine_config.colocation != "sleep"
 
     def _make_engine(self, model_path: Path, base_name: str) -> Engine:
         """The engine `EngineConfig.kind` names (the one seam tests put a stand-in into)."""
@@ -249,7 +254,6 @@ class LocalBackend:
         if c.colocation == "sleep":
             gpus = (resolved.serve_gpus, resolved.train_gpus) if resolved else ((), ())
             check_sleep_mode(engine, *gpus)
-            engine = SleepGate(engine)
         gateway = Gateway(engine, Router(engine, c.max_loras), c.host, c.port)
         gateway.start()
         try:
@@ -416,33 +420,44 @@ class LocalBackend:
             async with self._engine_asleep(timings):
                 trainer = await asyncio.to_thread(self._trainer, model)
                 stats = await asyncio.to_thread(trainer.step, fresh, train_config)
+            if stats.trained:
+                record = {"request_id": request_id, "stats": stats.as_dict()}
+                result = await self._publish_step(model, trainer, stats, record, staleness, timings)
         except Exception as e:
+            await self._open_requests()
             await self._step_failed(model, next_step, e, staleness, started)
             raise
         if not stats.trained:
+            await self._open_requests()
             logger.warning("step %d: no group had reward variance; nothing trained", next_step)
             result = StepResult(model.step, stats, None, 0.0, 0.0, staleness, timings)
             self._record(sinks, model, next_step, "skipped", result, groups, started)
             return result
-        record = {"request_id": request_id, "stats": stats.as_dict()}
-        result = await self._publish_step(model, trainer, stats, record, staleness, timings)
         self._record(sinks, model, next_step, "train", result, groups, started)
         return result
 
     @contextlib.asynccontextmanager
     async def _engine_asleep(self, timings: dict[str, float]) -> AsyncIterator[None]:
-        """With `colocation="sleep"`, the engine sleeps inside this block (rollouts wait at
-        the gate) and wakes after it, failed or not; otherwise nothing happens."""
-        gate = self.engine if isinstance(self.engine, SleepGate) else None
-        if gate is None or self.gateway is None:
+        """With `colocation="sleep"`, the engine sleeps inside this block and wakes after
+        it, failed or not (colocation.py); new requests wait at the router until the next
+        publish or `_open_requests`. Otherwise nothing happens."""
+        if self.engine_config.colocation != "sleep" or self.gateway is None:
             yield
             return
-        timings["sleep_seconds"] = await self.gateway.call(gate.sleep())
+        engine: Any = self.engine
+        timings["sleep_seconds"] = await self.gateway.call(
+            sleep_engine(self.gateway.router, engine)
+        )
         try:
             yield
         finally:
             await asyncio.to_thread(release_gpu_cache)
-            timings["wake_seconds"] = await self.gateway.call(gate.wake())
+            timings["wake_seconds"] = await self.gateway.call(wake_engine(engine))
+
+    async def _open_requests(self) -> None:
+        """Let requests held for a sleeping engine through (a publish does it too)."""
+        if self.engine_config.colocation == "sleep" and self.gateway is not None:
+            await self.gateway.call(self.gateway.router.open_requests())
 
     async def _step_failed(
         self,
@@ -460,7 +475,8 @@ class LocalBackend:
         if trainer is not None:
             await asyncio.to_thread(_close_trainer, trainer)
         batch = self.paths(model).trajectory_file(step)
-        kept = batch.with_name(f"{batch.stem}.failed-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
+        attempt = 1 + len(list(batch.parent.glob(f"{batch.stem}-failed*.jsonl")))
+        kept = batch.with_name(f"{batch.stem}-failed{attempt}.jsonl")
         with contextlib.suppress(OSError):
             os.replace(batch, kept)
         logger.error("step %d failed (%r); its batch is kept in %s", step, error, kept)
@@ -521,12 +537,16 @@ class LocalBackend:
                 sft_train, trainer, sequences, sft_config, len(items), progress
             )
         if not stats.trained:
+            await self._open_requests()
             raise ConfigError(
                 "the SFT examples hold no assistant token to train on; fix: "
                 "include the assistant turns the model should imitate"
             )
         record = {"request_id": request_id, "kind": "sft", "stats": stats.as_dict()}
-        result = await self._publish_step(model, trainer, stats, record, None, timings)
+        try:
+            result = await self._publish_step(model, trainer, stats, record, None, timings)
+        finally:
+            await self._open_requests()
         self._record(self.sinks(model), model, next_step, "sft", result, [], started)
         return result
 
@@ -557,9 +577,14 @@ class LocalBackend:
         saved = time.perf_counter()
         folder = await asyncio.to_thread(self._save, trainer, self.paths(model), next_step, record)
         save_seconds = time.perf_counter() - saved
-        publish_seconds = await self.gateway.call(
-            self.gateway.router.publish(model.name, next_step, folder)
-        )
+        try:
+            publish_seconds = await self.gateway.call(
+                self.gateway.router.publish(model.name, next_step, folder)
+            )
+        except BaseException:
+            # Never served, so not a step: the next attempt writes its own in this place.
+            await asyncio.to_thread(shutil.rmtree, folder, True)
+            raise
         # The optimizer state (twice the adapter) is written after publishing: serving the
         # new step does not wait for it, and a crash before it only costs AdamW's moments.
         await asyncio.to_thread(trainer.save_optimizer, folder)

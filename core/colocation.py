@@ -10,36 +10,37 @@
   so the trainer gets nearly the whole GPU while vLLM keeps a large KV cache; rollouts
   wait while the step trains, so the pipeline runs synchronously.
 
-`SleepGate` wraps the engine the gateway and the router talk to: while the engine
-sleeps, requests wait at the gate instead of reaching a server that cannot answer, and
-`sleep()` first lets the requests already running finish. The engine itself does the
-sleeping (`SleepingEngine`: `VLLMEngine` on a GPU, through vLLM's `POST /sleep?level=1`
-and `POST /wake_up`, which need `--enable-sleep-mode` and `VLLM_SERVER_DEV_MODE=1`).
-vLLM has no sleep mode on the CPU, and the transformers engine none at all: asking for
-"sleep" there is refused when the model is registered (`check_sleep_mode`).
+Sleeping goes through the router (router.py): new requests are held there, as during a
+publish, the ones already running finish, then the engine sleeps (`sleep_engine`). It
+wakes after the step (`wake_engine`) and the held requests stay held until the new
+adapter is published, so they are answered by the new step (or, when nothing was
+published, until `Router.open_requests`). The engine does the sleeping
+(`SleepingEngine`: `VLLMEngine` on a GPU, through vLLM's `POST /sleep?level=1` and `POST
+/wake_up`, which need `--enable-sleep-mode` and `VLLM_SERVER_DEV_MODE=1`). vLLM has no
+sleep mode on the CPU, and the transformers engine none at all: asking for "sleep" there
+is refused when the model is registered (`check_sleep_mode`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from rlcoach.errors import ConfigError
 
-__all__ = ["SleepGate", "SleepingEngine", "check_sleep_mode", "release_gpu_cache"]
+if TYPE_CHECKING:
+    from rlcoach.router import Router
+
+__all__ = [
+    "SleepingEngine",
+    "check_sleep_mode",
+    "release_gpu_cache",
+    "sleep_engine",
+    "wake_engine",
+]
 
 logger = logging.getLogger(__name__)
-
-_GATED = frozenset(
-    {"chat", "chat_stream", "load_adapter", "unload_adapter", "token_logprobs", "detokenize"}
-)
-"""Engine methods that need an awake engine; the rest (start, close, healthy, restart,
-exit_code, ...) pass straight through."""
 
 
 @runtime_checkable
@@ -94,98 +95,27 @@ def release_gpu_cache() -> None:
         torch.cuda.empty_cache()
 
 
-class SleepGate:
-    """The engine as the gateway sees it: requests wait while it sleeps.
+async def sleep_engine(router: Router, engine: SleepingEngine) -> float:
+    """Hold new requests, let the running ones finish, put the engine to sleep; return
+    the seconds it took (the wait included). Runs on the gateway's loop."""
+    started = time.perf_counter()
+    await router.hold_requests()
+    try:
+        await router.wait_idle()
+        await engine.sleep()
+    except BaseException:
+        await router.open_requests()
+        raise
+    seconds = time.perf_counter() - started
+    logger.info("engine asleep after %.2f s", seconds)
+    return seconds
 
-    Every method of the wrapped engine is reachable through the gate; the request
-    methods (`_GATED`) wait until the engine is awake and are counted while they run,
-    so `sleep()` can wait for them. Runs on the gateway's event loop, like the engine.
-    """
 
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
-        self._awake: asyncio.Event | None = None
-        self._idle: asyncio.Event | None = None
-        self._running = 0
-        self.sleeping = False
-
-    def _events(self) -> tuple[asyncio.Event, asyncio.Event]:
-        # Made on first use, on the gateway's loop (the gate is built on another thread).
-        if self._awake is None or self._idle is None:
-            self._awake, self._idle = asyncio.Event(), asyncio.Event()
-            self._awake.set()
-            self._idle.set()
-        return self._awake, self._idle
-
-    @contextlib.asynccontextmanager
-    async def _admitted(self) -> AsyncIterator[None]:
-        awake, idle = self._events()
-        while not awake.is_set():  # a loop: the engine may fall asleep again before we run
-            await awake.wait()
-        self._running += 1
-        idle.clear()
-        try:
-            yield
-        finally:
-            self._running -= 1
-            if self._running == 0:
-                idle.set()
-
-    def _gated(self, method: Callable[..., Any]) -> Callable[..., Any]:
-        if inspect.isasyncgenfunction(method):
-
-            async def stream(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-                async with self._admitted():
-                    async for item in method(*args, **kwargs):
-                        yield item
-
-            return stream
-
-        async def call(*args: Any, **kwargs: Any) -> Any:
-            async with self._admitted():
-                return await method(*args, **kwargs)
-
-        return call
-
-    def __getattr__(self, name: str) -> Any:
-        attribute = getattr(self.engine, name)
-        if name in _GATED and callable(attribute):
-            return self._gated(attribute)
-        return attribute
-
-    async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        async with self._admitted():
-            return await self.engine.chat(body)
-
-    async def sleep(self) -> float:
-        """Stop admitting requests, let the running ones finish, put the engine to sleep;
-        return the seconds it took (the wait for running requests included)."""
-        started = time.perf_counter()
-        awake, idle = self._events()
-        awake.clear()
-        await idle.wait()
-        try:
-            await self.engine.sleep()
-        except BaseException:
-            awake.set()
-            raise
-        self.sleeping = True
-        seconds = time.perf_counter() - started
-        logger.info("engine asleep after %.2f s", seconds)
-        return seconds
-
-    async def wake(self) -> float:
-        """Wake the engine and admit requests again; return the seconds it took."""
-        started = time.perf_counter()
-        awake, _ = self._events()
-        try:
-            if self.sleeping:
-                await self.engine.wake()
-        finally:
-            # Even when waking failed: requests then fail at the engine, with its error,
-            # instead of waiting at the gate for ever.
-            self.sleeping = False
-            awake.set()
-        seconds = time.perf_counter() - started
-        logger.info("engine awake after %.2f s", seconds)
-        return seconds
+async def wake_engine(engine: SleepingEngine) -> float:
+    """Wake the engine (requests stay held until the next publish or `open_requests`);
+    return the seconds it took."""
+    started = time.perf_counter()
+    await engine.wake()
+    seconds = time.perf_counter() - started
+    logger.info("engine awake after %.2f s", seconds)
+    return seconds

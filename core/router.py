@@ -142,3 +142,16 @@ class Router:
             await self._idle.wait_for(lambda: self._inflight[victim] == 0)
         await self.engine.unload_adapter(victim)
         self._loaded.pop(victim, None)
+
+    async def hold_requests(self) -> None:
+        """Hold new requests, as a publish does, until `open_requests` or the end of the
+        next publish (colocation.py: while the engine sleeps)."""
+        self._swap_done.clear()
+
+    async def open_requests(self) -> None:
+        self._swap_done.set()
+
+    async def wait_idle(self) -> None:
+        """Return once no request is running on any adapter or the base model."""
+        async with self._idle:
+            await self._idle.wait_for(lambda: not any(self._inflight.values()))

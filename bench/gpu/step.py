@@ -98,6 +98,11 @@ PHASES = ("rollout", "train", "both", "publish", "sleep/wake", "idle")
 LETTERS = {"rollout": "R", "train": "T", "both": "B", "publish": "P", "sleep/wake": "S"}
 
 
+def mean(values: Any) -> float | None:
+    values = list(values)
+    return statistics.mean(values) if values else None
+
+
 def reward(text: str) -> float:
     """The share of the letter "e": cheap, and it varies between random completions."""
     return text.count("e") / max(len(text), 1)
@@ -314,7 +319,9 @@ async def run_ours(args: argparse.Namespace) -> dict[str, Any]:
         try:
             await model.register(backend)
         except ConfigError as e:  # e.g. no sleep mode on a CPU: reported, not a crash
-            return {mode: {"refused": str(e)} for mode in args.modes}
+            for mode in args.modes:
+                print(f"MODE {mode} " + json.dumps({"refused": str(e)}), flush=True)
+            return {}
         startup = time.perf_counter() - started
         client = model.openai_client()
         extra = {"ignore_eos": True} if args.engine == "vllm" else {}
@@ -365,26 +372,26 @@ async def run_ours(args: argparse.Namespace) -> dict[str, Any]:
                 failed=failed,
                 lags=[s.lag for s in steps],
                 stale_dropped=sum(r.staleness.stale_dropped for r in trained if r.staleness),
-                train_step_s=statistics.mean(r.stats.seconds for r in trained),
+                train_step_s=mean(r.stats.seconds for r in trained),
                 trainer_tok_s=sum(r.stats.total_tokens for r in trained)
-                / sum(r.stats.seconds for r in trained),
-                rollout_s=statistics.mean(rollouts),
-                generated_tok_s=statistics.mean(
+                / max(sum(r.stats.seconds for r in trained), 1e-9),
+                rollout_s=mean(rollouts),
+                generated_tok_s=mean(
                     args.groups * args.group_size * lengths[s.index][1] / seconds
                     for s, seconds in zip(timed, rollouts, strict=True)
                 ),
-                publish_s=statistics.mean(r.save_seconds + r.publish_seconds for r in trained),
-                sleep_s=statistics.mean(r.timings.get("sleep_seconds", 0.0) for r in trained),
-                wake_s=statistics.mean(r.timings.get("wake_seconds", 0.0) for r in trained),
-                prompt_tokens=statistics.mean(lengths[s.index][0] for s in timed),
-                completion_tokens=statistics.mean(lengths[s.index][1] for s in timed),
+                publish_s=mean(r.save_seconds + r.publish_seconds for r in trained),
+                sleep_s=mean(r.timings.get("sleep_seconds", 0.0) for r in trained),
+                wake_s=mean(r.timings.get("wake_seconds", 0.0) for r in trained),
+                prompt_tokens=mean(lengths[s.index][0] for s in timed),
+                completion_tokens=mean(lengths[s.index][1] for s in timed),
                 trainer_peak_gib=torch.cuda.max_memory_allocated() / 2**30
                 if torch.cuda.is_available()
                 else None,
                 plan=_plan(args, "sleep" if colocated else "split"),
             )
             results[mode] = summary
-            print(f"MODE {mode} " + json.dumps(_short(summary)), flush=True)
+            print(f"MODE {mode} " + json.dumps(summary), flush=True)
     finally:
         sampler.stop()
         await backend.close()
@@ -414,11 +421,6 @@ def _plan(args: argparse.Namespace, colocation: str) -> dict[str, Any] | None:
         activation_checkpointing=False,
     )
     return {k: v / 2**30 if k.endswith("bytes") else v for k, v in plan.as_dict().items()}
-
-
-def _short(summary: dict[str, Any]) -> dict[str, Any]:
-    keep = ("seconds_per_step", "steps_per_hour", "gpu_busy_pct", "trainer_tok_s", "lags")
-    return {k: summary.get(k) for k in keep}
 
 
 # -- TRL ----------------------------------------------------------------------------------
@@ -541,36 +543,45 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
         startup_s=startup,
         gradient_checkpointing=bool(trainer.args.gradient_checkpointing),
         trainer_peak_gib=torch.cuda.max_memory_allocated() / 2**30 if gpu else None,
-        rollout_s=statistics.mean(b - a for a, b, p in segments if p == "rollout" and a >= ends[0]),
+        rollout_s=mean(b - a for a, b, p in segments if p == "rollout" and a >= ends[0]),
         generation="vLLM colocate" if gpu else "transformers (no vLLM colocate on a CPU)",
     )
+    print("MODE trl " + json.dumps(summary), flush=True)
     return {"trl": summary}
 
 
 # -- the parent: children, then the table -------------------------------------------------
 
 
-def _child(args: argparse.Namespace, modes: list[str]) -> dict[str, Any]:
+def _child(args: argparse.Namespace, modes: list[str], timeout: float) -> dict[str, Any]:
+    """Run `modes` in a child process; collect each mode's `MODE <name> <json>` line,
+    also from a child that failed or ran out of time after some modes finished."""
     command = [sys.executable, __file__, "one", "--modes", ",".join(modes), *args.child_args]
     started = time.perf_counter()
+    status = "ok"
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout_s)
-        output = done.stdout + done.stderr
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        stdout, output = done.stdout, done.stdout + done.stderr
+        if done.returncode != 0:
+            status = f"exit {done.returncode}"
     except subprocess.TimeoutExpired as e:
-        output = (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(
-            errors="replace"
-        )
-        return {m: {"failed": f"timed out after {args.timeout_s} s"} for m in modes}
-    finally:
-        print(f"[{'+'.join(modes)}] {time.perf_counter() - started:.0f} s", flush=True)
+        stdout = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else ""
+        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else ""
+        output, status = stdout + stderr, f"timed out after {timeout:.0f} s"
+    print(f"[{'+'.join(modes)}] {status}, {time.perf_counter() - started:.0f} s", flush=True)
     if args.out:
         (Path(args.out) / f"step-{'-'.join(modes)}.log").write_text(output)
-    lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
-    if not lines:
+    results = {}
+    for line in stdout.splitlines():
+        if line.startswith("MODE "):
+            name, _, data = line[len("MODE ") :].partition(" ")
+            results[name] = json.loads(data)
+    if status != "ok":
         tail = "\n  ".join(output.strip().splitlines()[-15:])
-        print(f"[{'+'.join(modes)}] failed (exit {done.returncode}):\n  {tail}", flush=True)
-        return {m: {"failed": f"exit {done.returncode}"} for m in modes}
-    return json.loads(lines[-1][len("RESULT ") :])
+        print(f"[{'+'.join(modes)}] {status}:\n  {tail}", flush=True)
+    for mode in modes:
+        results.setdefault(mode, {"failed": status})
+    return results
 
 
 def _pct(value: float | None) -> str:
@@ -711,17 +722,19 @@ def main() -> None:
     parser.add_argument("--tokenizer", help="tokenizer folder for --shape (e.g. .gpu/tok)")
     parser.add_argument("--tiny", action="store_true", help="CPU rehearsal: tiny everything")
     parser.add_argument("--modes", default="sync,async,colocated,trl")
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per mode")
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per mode")
     parser.add_argument("--groups", type=int, default=32)
     parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--prompt-tokens", type=int, default=256)
-    parser.add_argument("--completion-tokens", type=int, default=512)
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--completion-tokens", type=int, default=384)
     parser.add_argument("--micro-batch-seqs", type=int, default=8)
     parser.add_argument("--split-util", type=float, default=0.4)
     parser.add_argument("--sleep-util", type=float, default=0.8)
     parser.add_argument("--engine", choices=["vllm", "transformers"], default=None)
     parser.add_argument("--graphs", action="store_true", help="vLLM with CUDA graphs (slow start)")
-    parser.add_argument("--timeout-s", type=float, default=480.0, help="per child process")
+    parser.add_argument(
+        "--budget-s", type=float, default=560.0, help="for all children (a GPU command: 600)"
+    )
     parser.add_argument("--out", help="folder for the JSON results and the children's logs")
     parser.add_argument("--gpu-gib", type=float, default=139.0, help="fit: GPU memory")
     parser.add_argument("--tokens", type=int, default=16384, help="fit: tokens per pass")
@@ -736,17 +749,20 @@ def main() -> None:
         args.shape = "tiny"
     args.engine = args.engine or ("transformers" if args.tiny else "vllm")
     args.modes = args.modes.split(",")
-    if args.command == "one":
-        result = run_trl(args) if args.modes == ["trl"] else asyncio.run(run_ours(args))
-        print("RESULT " + json.dumps(result), flush=True)
+    if args.command == "one":  # prints a MODE line per mode
+        if args.modes == ["trl"]:
+            run_trl(args)
+        else:
+            asyncio.run(run_ours(args))
         return
     if args.model is None:
         from rlcoach.bundled import bundled_model_path
 
         tokenizer = args.tokenizer or bundled_model_path()
         args.model = str(Path(tempfile.gettempdir()) / f"rlcoach-step-{args.shape}")
-        print(f"model {args.shape}: {make_model(args.model, args.shape, tokenizer)}", flush=True)
-    args.shape_label = f"{args.shape} shape ({args.model})"
+        stats = make_model(args.model, args.shape, tokenizer)
+        print(f"model: Qwen3 {args.shape} shape, random weights, {stats}", flush=True)
+    args.shape_label = args.model
     args.child_args = [
         f"--{name.replace('_', '-')}={getattr(args, name)}"
         for name in (
@@ -767,14 +783,18 @@ def main() -> None:
     results: dict[str, Any] = {}
     groups = [[m for m in ("sync", "async") if m in args.modes]]
     groups += [[m] for m in ("colocated", "trl") if m in args.modes]
-    for modes in (g for g in groups if g):
+    deadline = time.perf_counter() + args.budget_s
+    groups = [g for g in groups if g]
+    for index, modes in enumerate(groups):
         if modes == ["trl"]:
             try:
                 import trl  # noqa: F401
             except ImportError:
                 results["trl"] = {"refused": "TRL is not installed here"}
                 continue
-        results.update(_child(args, modes))
+        # Each child may use what is left, less a minute for each child still to come.
+        left = deadline - time.perf_counter() - 60 * (len(groups) - index - 1)
+        results.update(_child(args, modes, max(left, 60.0)))
         if args.out:
             (Path(args.out) / "step.json").write_text(json.dumps(results, indent=1))
     report(results, args)
