@@ -134,6 +134,43 @@ def _standin_backend(root: Path, tokens: int):
     return StandInBackend(root, engine={"kind": "vllm", "startup_timeout_s": 60})
 
 
+def _profile(seconds: float, out: Path) -> subprocess.Popen[bytes] | None:
+    """py-spy on this process (the endpoint) for `seconds`, collapsed stacks to `out`."""
+    spy = Path(sys.executable).with_name("py-spy")
+    if not spy.exists():
+        print("(py-spy is not installed in this environment: no profile)", flush=True)
+        return None
+    command = [str(spy), "record", "-p", str(os.getpid()), "-d", str(int(seconds))]
+    command += ["-r", "200", "-f", "raw", "-o", str(out), "--nonblocking"]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def print_profile(raw: Path, top: int = 18) -> None:
+    """Where the endpoint's samples went: the frames most often on top of a stack (self)
+    and, for rlcoach, starlette, uvicorn, httpx and json frames, anywhere on it (total)."""
+    own: dict[str, int] = {}
+    total: dict[str, int] = {}
+    samples = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        samples += int(count)
+        own[frames[-1]] = own.get(frames[-1], 0) + int(count)
+        for frame in set(frames):
+            total[frame] = total.get(frame, 0) + int(count)
+    print(f"\nprofile of the endpoint process, {samples} samples (py-spy, 200/s)")
+    print("self:")
+    for frame, count in sorted(own.items(), key=lambda x: -x[1])[:top]:
+        print(f"  {100 * count / samples:5.1f}%  {frame[:140]}")
+    print("total (selected):")
+    keys = ("gateway.py", "router.py", "vllm.py", "recording", "json", "httpx", "httpcore")
+    chosen = [(f, c) for f, c in total.items() if any(k in f for k in keys)]
+    for frame, count in sorted(chosen, key=lambda x: -x[1])[:top]:
+        print(f"  {100 * count / samples:5.1f}%  {frame[:140]}")
+
+
 def _run_load(url: str, model: str, hold_s: float, record: bool, args: argparse.Namespace):
     command = [
         sys.executable,
@@ -190,9 +227,19 @@ async def bench(args: argparse.Namespace) -> dict[str, dict[str, float]]:
             for load, hold in (("paced", args.hold_s), ("saturated", 0.0)):
                 for round_index in range(args.rounds):
                     for path, url in (("direct", direct), ("endpoint", endpoint)):
+                        spy = None
+                        if args.profile and (load, path, round_index) == (
+                            "saturated",
+                            "endpoint",
+                            0,
+                        ):
+                            spy = _profile(args.seconds, root / "profile.txt")
                         result = await asyncio.to_thread(
                             _run_load, url, served[path], hold, path == "endpoint", args
                         )
+                        if spy is not None:
+                            await asyncio.to_thread(spy.wait)
+                            print_profile(root / "profile.txt")
                         runs.setdefault(f"{load} {path}", []).append(result)
                         print(
                             f"round {round_index} {load:9} {path:8} "
@@ -249,6 +296,7 @@ def main() -> None:
         p.add_argument("--hold-s", type=float, default=1.0)
         p.add_argument("--warmup-s", type=float, default=2.0)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--profile", action="store_true", help="py-spy the first saturated run")
     parser.add_argument("--json", help="also write the medians to this file")
     args = parser.parse_args()
     if args.command == "loadgen":

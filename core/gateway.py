@@ -30,6 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from rlcoach import fastjson
 from rlcoach.engines.base import Engine, EngineHTTPError
 from rlcoach.errors import ConfigError, EngineError, EngineStartError, UnknownModelError
 from rlcoach.router import Router
@@ -142,7 +143,7 @@ class Gateway:
     async def _chat(self, request: Request) -> Response:
         received, clock = time.time(), time.perf_counter()
         try:
-            body = json.loads(await request.body())
+            body = fastjson.loads(await request.body())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             return error_response(400, f"the request body is not valid JSON: {e}")
         problem = _check_body(body)
@@ -174,7 +175,7 @@ class Gateway:
             return StreamingResponse(
                 _as_sse(response, include_usage), media_type="text/event-stream"
             )
-        return JSONResponse(response)
+        return Response(fastjson.dumps(response), media_type="application/json")
 
     async def _models(self, request: Request) -> Response:
         now = int(time.time())
@@ -218,7 +219,7 @@ class Gateway:
         )
         self._server = uvicorn.Server(config)
         ready = threading.Event()
-        self._loop = asyncio.new_event_loop()
+        self._loop = _event_loop()
 
         def serve() -> None:
             assert self._loop is not None
@@ -254,6 +255,16 @@ class Gateway:
         if self._loop is not None and not self._loop.is_closed() and not self._loop.is_running():
             self._loop.close()
         self._thread = None
+
+
+def _event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's loop where it is installed (vLLM brings it): its sockets and callbacks cost
+    about half of asyncio's per request (bench/gateway_overhead.py)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
 
 
 async def _as_sse(response: dict[str, Any], include_usage: bool) -> AsyncIterator[bytes]:

@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from rlcoach import fastjson
 from rlcoach.config import EngineConfig
 from rlcoach.engines.base import EngineHTTPError
 from rlcoach.errors import EngineError, EngineStartError
@@ -35,6 +36,8 @@ from rlcoach.placement import Placement, resolve_placement
 __all__ = ["VLLMEngine", "free_port", "on_gpu"]
 
 logger = logging.getLogger(__name__)
+
+_JSON = {"content-type": "application/json"}
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -312,14 +315,14 @@ class VLLMEngine:
         self._alive()
         assert self._client is not None
         try:
-            return await self._client.post(path, json=payload)
+            return await self._client.post(path, content=fastjson.dumps(payload), headers=_JSON)
         except httpx.HTTPError as e:
             self._alive()  # a crash explains the failure better than the socket error
             raise EngineError(f"vLLM did not answer {path}: {e!r}") from e
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
         response = await self._post("/v1/chat/completions", body)
-        data = response.json()
+        data = fastjson.loads(response.content)
         if response.status_code != 200:
             raise EngineHTTPError(response.status_code, data)
         return data
