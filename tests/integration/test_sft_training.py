@@ -180,7 +180,7 @@ def test_sft_command_trains_from_a_jsonl_file(tmp_path):
 
 
 def test_sft_warmup_example_runs(tmp_path):
-    """examples/sft_warmup/train.py with a tiny budget (its CPU numbers are in the README)."""
+    """examples/sft_warmup/train.py with a tiny budget (its CPU numbers: docs/examples.md)."""
     script = Path(__file__).resolve().parents[2] / "examples" / "sft_warmup" / "train.py"
     done = subprocess.run(
         [
