@@ -1,6 +1,6 @@
 """RulerConfig: how the judge is asked, retried, cached and what a failure does.
 
-Two scoring modes (see the README's RULER section for when to use which):
+Two scoring modes (see docs/ruler.md for when to use which):
 
 - `json` — one call per ordering: the judge writes `{"<id>": {"explanation", "score"}}`
   for every trajectory. The request carries a strict JSON schema (`response_format`),
