@@ -1,7 +1,7 @@
 """Langfuse: the real SDK (5.2) exporting our traces and scores to a receiver of ours.
 
 Why the receiver is ours: Langfuse's server needs Docker (Postgres, ClickHouse, Redis,
-S3), which this machine does not have. `tests/langfuse_receiver.py` stands in for it on
+S3), which this machine does not have. `bench/langfuse_receiver.py` stands in for it on
 127.0.0.1 — the one seam faked — accepting what the SDK sends (OTLP/HTTP protobuf spans
 on /api/public/otel/v1/traces, JSON scores on /api/public/scores) and decoding the spans
 with opentelemetry-proto. Our sink and its thread, the SDK, its OTLP exporter and batching
