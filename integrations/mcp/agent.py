@@ -39,7 +39,7 @@ from rlcoach.config import parse_config
 from rlcoach.errors import ConfigError, RLCoachError
 from rlcoach.integrations.mcp.connection import Connection, ServerSpec, connect
 from rlcoach.integrations.mcp.tools import ToolSet
-from rlcoach.types import Message, Tool, Trajectory
+from rlcoach.types import Message, Tool, Trajectory, tool_message
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -197,12 +197,14 @@ async def _score(check: Check, run: AgentRun) -> float:
 
 async def _call(
     connection: Connection, tools: ToolSet, call: Any, config: AgentConfig, run: AgentRun
-) -> str:
+) -> Message:
+    """Run one tool call; the answer is a tool message, flagged as an error when it is one
+    (its text also says so, for the policy to read)."""
     name, raw = call.function.name, call.function.arguments or ""
     checked = tools.check_call(name, raw)
     if checked.error is not None:
         run.calls.append(CallRecord(name, raw, "rejected", checked.error))
-        return f"error: {checked.error}"
+        return tool_message(call.id, f"error: {checked.error}", error=True)
     try:
         result = await connection.call_tool(
             checked.name, checked.arguments or {}, timeout_s=config.call_timeout_s
@@ -215,7 +217,9 @@ async def _call(
         ) from e
     text = truncate(result.text or "(no output)", config.result_chars)
     run.calls.append(CallRecord(name, raw, "tool_error" if result.is_error else "ok", text))
-    return f"error: {text}" if result.is_error and not text.startswith("error") else text
+    if result.is_error and not text.startswith("error"):
+        text = f"error: {text}"
+    return tool_message(call.id, text, error=result.is_error)
 
 
 async def run_agent(
@@ -307,10 +311,9 @@ async def _turns(
         for call in message.tool_calls:
             if call.function.name == FINISH_TOOL and config.finish_tool:
                 run.final_answer = _finish_answer(call.function.arguments)
-                content = "done"
+                messages.append(tool_message(call.id, "done"))
             else:
-                content = await _call(connection, tools, call, config, run)
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
+                messages.append(await _call(connection, tools, call, config, run))
     return sent
 
 
@@ -405,7 +408,7 @@ def _worked(
     return [
         {"role": "user", "content": request},
         {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": call_id, "content": shown},
+        tool_message(call_id, shown),
         {"role": "assistant", "content": reply},
     ]
 

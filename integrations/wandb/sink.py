@@ -82,7 +82,7 @@ def _row(step: int, number: int, mean: float, trajectory: Trajectory, limit: int
     line = timeline(trajectory)
     users = [m for m in trajectory.messages if m.get("role") == "user"]
     answers = [m for m in trajectory.messages if m.get("role") == "assistant"]
-    judge = [entry for entry in trajectory.logs if entry.startswith("RULER ")]
+    judge = [verdict.describe() for verdict in trajectory.verdicts]
     calls = [
         f"{c.name}({json.dumps(c.arguments)[:200]})" + (" -> error" if c.error else "")
         for c in line.tool_calls
