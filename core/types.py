@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rlcoach.errors import DataError, TrainingDataError
 from rlcoach.paths import write_text_atomic
 
 __all__ = [
@@ -128,10 +129,10 @@ def choice_from_response_json(choice: dict[str, Any], response: dict[str, Any]) 
     token_ids = choice.get("token_ids")
     prompt_ids = response.get("prompt_token_ids")
     if token_ids is None or prompt_ids is None:
-        raise ValueError(
+        raise TrainingDataError(
             "this chat completion carries no token ids; it was not produced by the "
             "rlcoach policy endpoint (which always returns `prompt_token_ids` and "
-            "`choices[].token_ids`) — send the request through `model.openai_client()`"
+            "`choices[].token_ids`); fix: send the request through `model.openai_client()`"
         )
     message = {k: v for k, v in (choice.get("message") or {}).items() if v is not None}
     message.setdefault("role", "assistant")
@@ -301,5 +302,8 @@ def load_groups(path: str | os.PathLike[str]) -> list[TrajectoryGroup]:
             try:
                 groups.append(TrajectoryGroup.model_validate_json(line))
             except ValueError as e:
-                raise ValueError(f"{path}:{number} is not a trajectory group: {e}") from e
+                raise DataError(
+                    f"{path}:{number} is not a trajectory group ({e}); fix: write the file "
+                    "with save_groups, one TrajectoryGroup as JSON per line"
+                ) from e
     return groups

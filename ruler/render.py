@@ -18,6 +18,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from rlcoach.errors import ConfigError
 from rlcoach.recording import content_text, message_key
 from rlcoach.types import Message, Tool, Trajectory
 
@@ -114,7 +115,10 @@ def _common_prefix(key_lists: list[list[str]]) -> int:
 def render_group(candidates: Sequence[Candidate], limit: int = 4000) -> RenderedGroup:
     """Render `candidates` (at least one) for the judge; `limit` caps each message's text."""
     if not candidates:
-        raise ValueError("render_group needs at least one candidate")
+        raise ConfigError(
+            "render_group got no candidates: a judge compares attempts; fix: pass at least "
+            "one Candidate"
+        )
     keys = [[message_key(m) for m in c.messages] for c in candidates]
     shared = _common_prefix(keys)
     same_tools = len({_tools_key(c.tools) for c in candidates}) == 1

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rlcoach.config import parse_config
+from rlcoach.errors import ConfigError
 from rlcoach.gather import AfterEach
 from rlcoach.model import Model
 from rlcoach.ruler.config import RulerConfig
@@ -132,9 +133,9 @@ async def score(
     else:
         per_conversation = list(tools)
         if len(per_conversation) != len(message_lists):
-            raise ValueError(
+            raise ConfigError(
                 f"tools has {len(per_conversation)} lists for {len(message_lists)} "
-                "conversations; pass one tool list for all, or one per conversation"
+                "conversations; fix: pass one tool list for all, or one per conversation"
             )
     pairs = zip(message_lists, per_conversation, strict=True)
     candidates = [Candidate(list(messages), offered) for messages, offered in pairs]

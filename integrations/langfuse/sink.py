@@ -36,7 +36,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from rlcoach.config import parse_config
 from rlcoach.errors import ConfigError
@@ -44,6 +44,7 @@ from rlcoach.recording import content_text
 from rlcoach.sinks import RunInfo
 from rlcoach.timeline import PolicyCall, ToolCall, timeline
 from rlcoach.types import Message, Trajectory, TrajectoryGroup, Verdict
+from rlcoach.validation import Config
 
 __all__ = ["STEP_SCORES", "LangfuseConfig", "LangfuseSink", "trace_id"]
 
@@ -66,7 +67,7 @@ STEP_SCORES = (
 """Metrics of a step record that become scores on its step trace (when present)."""
 
 
-class LangfuseConfig(BaseModel):
+class LangfuseConfig(Config):
     """Options of `LangfuseSink` (each defaults to the standard `LANGFUSE_*` variable)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
