@@ -95,6 +95,8 @@ def test_a_child_dies_with_its_parent_and_the_watchdog_reaps_its_group(tmp_path)
 
 
 def test_watch_group_and_the_hook_are_none_off_linux(monkeypatch):
+    child = subprocess.Popen(["true"])
     monkeypatch.setattr(sys, "platform", "darwin")
     assert parent_death_signal() is None
-    assert watch_group(subprocess.Popen(["true"])) is None
+    assert watch_group(child) is None
+    child.wait()

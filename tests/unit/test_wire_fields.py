@@ -3,7 +3,15 @@ a judge's `Verdict` on the trajectory, and a tool error flag on the tool message
 
 import json
 
-from rlcoach import Trajectory, TrajectoryGroup, Verdict, load_groups, save_groups, tool_message
+from rlcoach import (
+    SampledChoice,
+    Trajectory,
+    TrajectoryGroup,
+    Verdict,
+    load_groups,
+    save_groups,
+    tool_message,
+)
 from rlcoach.report import _trajectory_html
 from rlcoach.timeline import timeline
 
@@ -11,11 +19,17 @@ CALL = {"id": "c1", "type": "function", "function": {"name": "lookup", "argument
 
 
 def _judged() -> Trajectory:
+    asked = {"role": "assistant", "content": None, "tool_calls": [CALL]}
     return Trajectory(
         messages=[
             {"role": "user", "content": "find it"},
-            {"role": "assistant", "content": None, "tool_calls": [CALL]},
+            asked,
             tool_message("c1", "no such item", error=True),
+        ],
+        choices=[
+            SampledChoice(
+                message=asked, prompt_token_ids=[1], token_ids=[2], logprobs=[-0.5], policy="a@1"
+            )
         ],
         reward=0.8,
         verdicts=[Verdict(judge="ruler", score=0.8, explanation="looked in the right place")],
@@ -49,6 +63,7 @@ def test_the_report_shows_the_verdict_as_the_judge_and_flags_the_failed_call():
     assert "ruler 0.800: looked in the right place" in judge
     logs = page.split("<div class='logs'>")[1].split("</div>")[0]
     assert "a note from the rollout" in logs and "ruler" not in logs
+    assert [c.error for c in timeline(_judged()).tool_calls] == [True]
     assert "<li class='err'><code>lookup(" in page
 
 
@@ -56,4 +71,3 @@ def test_a_verdict_without_a_score_says_why():
     failed = Verdict(judge="ruler", error="the judge timed out; reward kept")
     assert failed.describe() == "ruler gave no score: the judge timed out; reward kept"
     assert Verdict(judge="mine", score=1.0).describe() == "mine 1.000"
-    assert [c.error for c in timeline(_judged()).tool_calls] == [True]
