@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from rlcoach.errors import ConfigError
 from rlcoach.recording import content_text, message_key
-from rlcoach.types import Message, Tool, Trajectory
+from rlcoach.types import Message, Tool, Trajectory, is_tool_error
 
 __all__ = ["Candidate", "RenderedGroup", "render_group", "render_message", "render_tools"]
 
@@ -64,12 +64,14 @@ def _clip(text: str, limit: int) -> str:
 
 
 def render_message(message: Message, limit: int = 4000) -> str:
-    """One message as tagged lines: `[role] text`, `[assistant calls] name({...})`."""
+    """One message as tagged lines: `[role] text`, `[assistant calls] name({...})`; a
+    tool message flagged as failed is a `[tool error]`."""
     role = str(message.get("role", "unknown"))
     text = _clip(content_text(message.get("content")).strip(), limit)
     if role == "tool":
         name = message.get("name")
-        return f"[tool result{f' from {name}' if name else ''}] {text}"
+        kind = "tool error" if is_tool_error(message) else "tool result"
+        return f"[{kind}{f' from {name}' if name else ''}] {text}"
     lines = []
     calls = message.get("tool_calls") or []
     if text or not calls:

@@ -27,7 +27,8 @@ from rlcoach.ruler import (
     score_group,
 )
 from rlcoach.ruler.judge import AnswerError, parse_digit_answer, parse_json_answer
-from rlcoach.types import History, Verdict
+from rlcoach.ruler.render import render_message
+from rlcoach.types import History, Verdict, tool_message
 
 TOOLS = [
     {
@@ -101,6 +102,8 @@ def test_render_shows_shared_context_once_and_each_remainder():
     assert '[assistant calls tool] add({"a": 2, "b": 3})' in rendered.bodies[0]
     assert "[tool result] error: overflow" in rendered.bodies[0]
     assert rendered.bodies[1] == "[assistant] answer 6"
+    flagged = render_message(tool_message("c1", "overflow", error=True))
+    assert flagged == "[tool error] overflow"  # the judge sees the flag, not only the wording
 
 
 def test_render_lists_tools_per_trajectory_when_they_differ_and_extra_histories():
