@@ -301,7 +301,7 @@ def load_groups(path: str | os.PathLike[str]) -> list[TrajectoryGroup]:
                 continue
             try:
                 groups.append(TrajectoryGroup.model_validate_json(line))
-            except ValueError as e:
+            except (ValueError, TypeError) as e:  # TypeError: TrajectoryGroup's own __init__
                 raise DataError(
                     f"{path}:{number} is not a trajectory group ({e}); fix: write the file "
                     "with save_groups, one TrajectoryGroup as JSON per line"
