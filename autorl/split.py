@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcoach.autorl.types import InputRecord
-from rlcoach.errors import ConfigError
+from rlcoach.errors import ConfigError, DataError
 from rlcoach.paths import write_text_atomic
 
 __all__ = ["load_records", "save_dataset", "split_records"]
@@ -71,5 +71,8 @@ def load_records(path: str | os.PathLike[str]) -> list[InputRecord]:
                 try:
                     records.append(InputRecord.model_validate_json(line))
                 except ValueError as e:
-                    raise ValueError(f"{path}:{number} is not an input record: {e}") from e
+                    raise DataError(
+                        f"{path}:{number} is not an input record ({e}); fix: write the file "
+                        "with save_dataset, one InputRecord as JSON per line"
+                    ) from e
     return records

@@ -2,7 +2,7 @@
 
 Defaults run on a 2-core CPU with the bundled 135M model. Unknown fields are refused
 (`extra="forbid"`), and a bad value raises `ConfigError` naming the field, the value,
-the reason and the fix.
+the reason and the fix, however the config is built (`Config`, rlcoach.validation).
 """
 
 from __future__ import annotations
@@ -15,12 +15,21 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from rlcoach.errors import ConfigError
 from rlcoach.placement import PlacementConfig
+from rlcoach.validation import Config, config_error
 
-__all__ = ["EngineConfig", "LoraConfig", "SFTConfig", "TrainConfig", "check_name", "parse_config"]
+__all__ = [
+    "Config",
+    "EngineConfig",
+    "LoraConfig",
+    "SFTConfig",
+    "TrainConfig",
+    "check_name",
+    "parse_config",
+]
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
-Config = TypeVar("Config", bound=BaseModel)
+AnyConfig = TypeVar("AnyConfig", bound=BaseModel)
 
 
 def check_name(kind: str, value: object) -> str:
@@ -34,24 +43,18 @@ def check_name(kind: str, value: object) -> str:
     return value
 
 
-def parse_config(cls: type[Config], value: Config | dict[str, Any] | None) -> Config:
-    """Validate `value` as `cls`, turning pydantic's error into a `ConfigError`."""
+def parse_config(cls: type[AnyConfig], value: AnyConfig | dict[str, Any] | None) -> AnyConfig:
+    """`value` (a `cls`, a dict of its fields, or None for the defaults) as a `cls`;
+    a bad value raises `ConfigError`, also for a model that is not a `Config`."""
     if isinstance(value, cls):
         return value
     try:
         return cls.model_validate(value or {})
     except ValidationError as e:
-        problems = []
-        for error in e.errors():
-            field = ".".join(str(part) for part in error["loc"]) or cls.__name__
-            problems.append(f"{field}={error.get('input')!r}: {error['msg']}")
-        fields = ", ".join(sorted(cls.model_fields))
-        raise ConfigError(
-            f"invalid {cls.__name__}: " + "; ".join(problems) + f" (fix: valid fields are {fields})"
-        ) from e
+        raise config_error(cls, e) from e
 
 
-class _Strict(BaseModel):
+class _Strict(Config):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -153,5 +156,8 @@ class EngineConfig(_Strict):
     @model_validator(mode="after")
     def _template_exists(self) -> EngineConfig:
         if self.chat_template is not None and not Path(self.chat_template).is_file():
-            raise ValueError(f"chat template file {str(self.chat_template)!r} does not exist")
+            raise ValueError(
+                f"chat template file {str(self.chat_template)!r} does not exist; fix: "
+                "point chat_template at a Jinja file, or leave it None for the model's own"
+            )
         return self

@@ -322,8 +322,8 @@ def _trajectory_html(
     number: int, mean: float, trajectory: Trajectory, tokenizer: Any, opened: bool = False
 ) -> str:
     advantage = trajectory.reward - mean
-    judge = [line for line in trajectory.logs if line.startswith("RULER")]
-    other = [line for line in trajectory.logs if not line.startswith("RULER")]
+    judge = [verdict.describe() for verdict in trajectory.verdicts]
+    other = trajectory.logs  # older run folders hold the judge's lines here
     line = timeline(trajectory)
     calls = "".join(
         f"<li class='{'err' if c.error else ''}'><code>{html.escape(c.name)}"

@@ -70,6 +70,7 @@ from rlcoach.gateway import ROLLOUT_HEADER
 from rlcoach.model import TrainableModel
 from rlcoach.paths import DEFAULT_ROOT, RunPaths, write_text_atomic
 from rlcoach.step_records import finished_step, list_checkpoints, step_result_wire
+from rlcoach.validation import Config
 from rlcoach.wire import (
     API_PREFIX,
     API_VERSION,
@@ -90,7 +91,7 @@ logger = logging.getLogger(__name__)
 MiB = 1024 * 1024
 
 
-class ServeConfig(BaseModel):
+class ServeConfig(Config):
     """How `rlcoach serve` listens and what it accepts."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

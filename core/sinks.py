@@ -38,12 +38,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from rlcoach.config import parse_config
 from rlcoach.errors import ConfigError
 from rlcoach.paths import RunPaths, append_jsonl, write_text_atomic
 from rlcoach.types import TrajectoryGroup, save_groups
+from rlcoach.validation import Config
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -96,7 +97,7 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
-class SinkConfig(BaseModel):
+class SinkConfig(Config):
     """Which plug-in sinks a backend opens for each model, and their limits."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

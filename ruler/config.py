@@ -19,9 +19,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from rlcoach.bundled import cache_dir
+from rlcoach.validation import Config
 
 __all__ = ["RulerConfig", "default_cache_dir"]
 
@@ -31,7 +32,7 @@ def default_cache_dir() -> Path:
     return cache_dir() / "ruler"
 
 
-class RulerConfig(BaseModel):
+class RulerConfig(Config):
     """How RULER asks the judge: `json` (the default) for capable judges, `probs` for small."""
 
     model_config = ConfigDict(extra="forbid")

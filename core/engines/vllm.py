@@ -10,13 +10,10 @@ to a log file, which every start or crash error points at. Adapters are loaded a
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
 import importlib.util
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,16 +28,11 @@ from rlcoach.errors import EngineError, EngineStartError
 from rlcoach.families import fallback_chat_template, family_of
 from rlcoach.paths import write_text_atomic
 from rlcoach.placement import Placement, resolve_placement
+from rlcoach.processes import free_port, kill_group, log_tail, parent_death_signal, watch_group
 
-__all__ = ["VLLMEngine", "free_port", "on_gpu"]
+__all__ = ["VLLMEngine", "on_gpu"]
 
 logger = logging.getLogger(__name__)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def on_gpu() -> bool:
@@ -51,59 +43,6 @@ def on_gpu() -> bool:
         return bool(torch.cuda.is_available())
     except ImportError:
         return False
-
-
-def _parent_death_signal(signum: int = signal.SIGKILL) -> Any:
-    """A pre-exec hook that makes the child get `signum` when the thread that spawned it dies.
-
-    A server killed with -9 cannot stop its engine; without this its vLLM process would
-    hold its memory (and a CPU) forever and a restarted server would start a second. The
-    libc function is looked up here, in the parent: loading libraries after a fork is unsafe.
-    """
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-    def hook() -> None:
-        prctl(1, signum)  # PR_SET_PDEATHSIG
-
-    return hook
-
-
-# The parent-death signal reaches only the direct child (the API server); vLLM's own
-# children (EngineCore, its workers) outlived a kill -9 of the API server or of `serve`
-# and kept a CPU and gigabytes. So a watchdog, in a session of its own (a Ctrl-C of
-# `serve` does not reach it), gets SIGTERM when `serve` dies and kills vLLM's whole
-# process group; `restart` and `close` kill the group themselves and stop the watchdog.
-_REAPER = """
-import os, signal, sys
-group, parent = int(sys.argv[1]), int(sys.argv[2])
-def reap(*_):
-    try:
-        os.killpg(group, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    os._exit(0)
-signal.signal(signal.SIGTERM, reap)
-if os.getppid() != parent:
-    reap()
-while True:
-    signal.pause()
-"""
-
-
-def _kill_group(process: subprocess.Popen[bytes] | None, signum: int) -> None:
-    if process is not None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signum)
-
-
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log written)"
 
 
 class VLLMEngine:
@@ -204,19 +143,8 @@ class VLLMEngine:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_parent_death_signal() if sys.platform == "linux" else None,
+                preexec_fn=parent_death_signal(),
             )
-
-    def _watch_group(self, process: subprocess.Popen[bytes]) -> subprocess.Popen[bytes] | None:
-        """Start the watchdog that kills `process`'s group when this process dies."""
-        if sys.platform != "linux":
-            return None
-        return subprocess.Popen(
-            [sys.executable, "-c", _REAPER, str(process.pid), str(os.getpid())],
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=_parent_death_signal(signal.SIGTERM),
-        )
 
     async def _stop_reaper(self) -> None:
         reaper, self._reaper = self._reaper, None
@@ -255,7 +183,7 @@ class VLLMEngine:
     async def restart(self) -> None:
         """Start a fresh server on the same port after a crash (adapters are not loaded)."""
         if self._process is not None:
-            _kill_group(self._process, signal.SIGKILL)  # EngineCore and workers left by the crash
+            kill_group(self._process, signal.SIGKILL)  # EngineCore and workers left by the crash
             await asyncio.to_thread(self._process.wait)
         await self._stop_reaper()
         await self._launch()
@@ -266,14 +194,14 @@ class VLLMEngine:
         # Spawned on this (long-lived) loop thread: the child's parent-death signal fires
         # when the spawning thread exits, and a worker thread of to_thread may exit early.
         self._process = self._spawn()
-        self._reaper = self._watch_group(self._process)
+        self._reaper = watch_group(self._process)
         deadline = started + self.config.startup_timeout_s
         while time.monotonic() < deadline:
             code = self._process.poll()
             if code is not None:
                 raise EngineStartError(
                     f"vLLM exited with code {code} while starting; its log {self.log_file} "
-                    f"ends with:\n{_tail(self.log_file)}"
+                    f"ends with:\n{log_tail(self.log_file)}"
                 )
             if await self.healthy():
                 logger.info("vLLM is up after %.0f s", time.monotonic() - started)
@@ -282,7 +210,7 @@ class VLLMEngine:
         await self.close()
         raise EngineStartError(
             f"vLLM did not answer within {self.config.startup_timeout_s:.0f} s "
-            f"(EngineConfig.startup_timeout_s); see {self.log_file}:\n{_tail(self.log_file)}"
+            f"(EngineConfig.startup_timeout_s); see {self.log_file}:\n{log_tail(self.log_file)}"
         )
 
     def _alive(self) -> None:
@@ -292,7 +220,7 @@ class VLLMEngine:
         if code is not None:
             raise EngineError(
                 f"the vLLM server died (exit code {code}); its log {self.log_file} ends "
-                f"with:\n{_tail(self.log_file)}"
+                f"with:\n{log_tail(self.log_file)}"
             )
 
     async def healthy(self) -> bool:
@@ -337,12 +265,12 @@ class VLLMEngine:
             self._client = None
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
-            _kill_group(process, signal.SIGTERM)
+            kill_group(process, signal.SIGTERM)
             try:
                 await asyncio.to_thread(process.wait, 30)
             except subprocess.TimeoutExpired:
-                _kill_group(process, signal.SIGKILL)
+                kill_group(process, signal.SIGKILL)
                 await asyncio.to_thread(process.wait)
         # The API server may be gone (a crash) while its children are not.
-        _kill_group(process, signal.SIGKILL)
+        kill_group(process, signal.SIGKILL)
         await self._stop_reaper()

@@ -66,6 +66,7 @@ from typing import Any, Literal, NoReturn
 from rlcoach.config import TrainConfig
 from rlcoach.errors import CheckpointError, ConfigError, TrainerError, TrainingDataError
 from rlcoach.paths import write_text_atomic
+from rlcoach.processes import parent_death_signal
 from rlcoach.trainer.lora import (
     StepStats,
 )
@@ -113,8 +114,6 @@ class DistributedTrainer:
                 f"DistributedTrainer ranks={ranks}: it spreads training over "
                 "ranks; fix: use LoraTrainer for one, or ranks >= 2"
             )
-        from rlcoach.engines.vllm import _parent_death_signal
-
         self.config = config
         self.call_timeout_s = call_timeout_s
         self._work = Path(tempfile.mkdtemp(prefix="rlcoach-ranks-"))
@@ -158,7 +157,7 @@ class DistributedTrainer:
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **(env or {})},
                 start_new_session=True,
-                preexec_fn=_parent_death_signal() if sys.platform == "linux" else None,
+                preexec_fn=parent_death_signal(),
             )
         logger.info(
             "starting %d training ranks (%s) under torchrun (pid %d); log: %s",

@@ -7,7 +7,7 @@ server's tools in its context, and its score is blended with the rollout's check
 sees the system prompt and the conversation from the task on; a worked example in the
 prompt (`build_demonstration`) is left out so it is not mistaken for the attempt. When
 the judge fails, the group keeps its check rewards and the failure is counted
-(`ruler_failed` in the group's metadata, the error in each trajectory's logs).
+(`ruler_failed` in the group's metadata, the error in each trajectory's `verdicts`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from rlcoach.errors import ConfigError
 from rlcoach.integrations.mcp.tools import ToolSet
 from rlcoach.ruler import JudgeError, JudgeUsage, RulerConfig, score
-from rlcoach.types import Message, Trajectory, TrajectoryGroup
+from rlcoach.types import Message, Trajectory, TrajectoryGroup, Verdict
 
 if TYPE_CHECKING:
     from rlcoach.gather import AfterEach
@@ -55,7 +56,10 @@ def ruler_rewards(
 ) -> AfterEach:
     """An `after_each` hook: reward = weight * judge + (1 - weight) * check."""
     if not 0.0 <= weight <= 1.0:
-        raise ValueError(f"weight={weight!r} must be in [0, 1] (the judge's share of the reward)")
+        raise ConfigError(
+            f"weight={weight!r} is outside [0, 1]: it is the judge's share of the reward; "
+            "fix: pass a weight from 0 (the check alone) to 1 (the judge alone)"
+        )
 
     async def hook(group: TrajectoryGroup) -> TrajectoryGroup:
         scored = group.model_copy(deep=True)
@@ -77,13 +81,15 @@ def ruler_rewards(
                 {**usage.as_metrics("ruler_"), "ruler_failed": True, "ruler_error": str(e)}
             )
             for trajectory in scored.trajectories:
-                trajectory.logs.append(f"RULER failed, check reward kept: {e}")
+                trajectory.verdicts.append(Verdict(judge="ruler", error=f"{e}; check reward kept"))
             return scored
         for trajectory, result in zip(scored.trajectories, results, strict=True):
             check = trajectory.reward
             trajectory.metrics["ruler_score"] = result.score
             trajectory.reward = weight * result.score + (1.0 - weight) * check
-            trajectory.logs.append(f"RULER {result.score:.3f}: {result.explanation}")
+            trajectory.verdicts.append(
+                Verdict(judge="ruler", score=result.score, explanation=result.explanation)
+            )
         scored.metadata.update({**usage.as_metrics("ruler_"), "ruler_failed": False})
         return scored
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from tqdm.auto import tqdm
 
 from rlcoach.autorl.split import load_records, save_dataset, split_records
@@ -42,6 +42,7 @@ from rlcoach.model import Model, TrainableModel
 from rlcoach.paths import append_jsonl, write_text_atomic
 from rlcoach.types import Message, TrajectoryGroup, save_groups
 from rlcoach.usage import ModelUsage
+from rlcoach.validation import Config
 
 __all__ = [
     "Discovery",
@@ -56,7 +57,7 @@ __all__ = [
 PROJECT = "mcp"
 
 
-class Endpoint(BaseModel):
+class Endpoint(Config):
     """An OpenAI-compatible model: a generator or a judge."""
 
     model_config = ConfigDict(extra="forbid")
@@ -69,7 +70,7 @@ class Endpoint(BaseModel):
         return Model(self.model, base_url=self.url, api_key_env=self.api_key_env)
 
 
-class MCPTrainConfig(BaseModel):
+class MCPTrainConfig(Config):
     model_config = ConfigDict(extra="forbid")
 
     server: ServerSpec

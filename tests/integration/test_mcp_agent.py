@@ -74,6 +74,7 @@ async def test_time_server_rollouts_call_real_tools_and_train_a_step(agent):
     assert ok.choices and ok.choices[0].token_ids and ok.tools == tools.tools
     assert failed.metrics["tool_errors"] == 1 and failed.metrics["tool_ok"] == 0
     assert "Mars/Olympus_Mons" in failed.messages[-1]["content"]
+    assert failed.messages[-1]["is_error"] is True and "is_error" not in result  # a field
     assert any("tool_error get_current_time" in line for line in failed.logs)
     assert ok.reward > failed.reward  # a successful call beats a failed one
     step = await agent.train(groups)
@@ -131,6 +132,8 @@ async def test_faults_are_answered_counted_or_fail_only_their_rollout(agent):
     assert "failed on purpose: testing" in tool_error.messages[-1]["content"]
     assert rejected.metrics["invalid_calls"] == 1  # never reached the server
     assert "do not match its schema" in rejected.messages[-1]["content"]
+    flags = [t.messages[-1].get("is_error", False) for t in (echo, tool_error, rejected)]
+    assert flags == [False, True, True]
     failures = {f.type: f.message for f in group.failures}
     assert "call_timeout_s=2" in failures["ToolTimeoutError"]
     assert "rollout_timeout_s=8" in failures["RolloutTimeoutError"]
