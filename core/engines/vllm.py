@@ -133,6 +133,10 @@ class VLLMEngine:
         env = dict(os.environ)
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.config.kv_cache_gib))
+        if not on_gpu():
+            # One CPU worker needs no process of its own: the engine core runs the model
+            # itself. Measured here: start 24 s -> 17 s, and one torch import less in RAM.
+            env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if on_gpu() and (placement := self.placement()) is not None:
             env.update(placement.vllm_env(os.environ.get("CUDA_VISIBLE_DEVICES")))
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
