@@ -149,7 +149,9 @@ def train(
     result_chars: Annotated[int, typer.Option(min=40, help="Tool results cut to this.")] = 1500,
     max_tokens: Annotated[int, typer.Option(min=8, help="Tokens per policy reply.")] = 192,
     system_prompt: Annotated[str | None, typer.Option(help="The agent's system prompt.")] = None,
-    demonstration: Annotated[bool, typer.Option(help="Worked example from a real call.")] = True,
+    demonstration: Annotated[
+        bool, typer.Option(help="A worked example from a real call before each task.")
+    ] = False,
     examples: Annotated[
         Path | None,
         typer.Option(
@@ -158,11 +160,26 @@ def train(
         ),
     ] = None,
     warmup_epochs: Annotated[
-        int, typer.Option(min=0, help="SFT epochs on the worked examples before RL (0: none).")
-    ] = 0,
+        int | None,
+        typer.Option(
+            min=0,
+            help="SFT epochs on the worked examples before RL (0: none; default: 4 when "
+            "the base model's held-out success is below 0.1).",
+        ),
+    ] = None,
+    allow_unsafe_tools: Annotated[
+        bool,
+        typer.Option(
+            help="Call (while exploring) and offer the policy the tools judged unsafe "
+            "(annotated as writing, or named/described as writing, deleting, sending, buying)."
+        ),
+    ] = False,
+    explore_budget: Annotated[
+        float, typer.Option(min=1.0, help="Seconds at most for exploring the server.")
+    ] = 180.0,
     check: Annotated[
         str | None,
-        typer.Option(help="module:function scoring a rollout in [0, 1] (default: tool_use_check)."),
+        typer.Option(help="module:function scoring a rollout in [0, 1] (default: grounded_check)."),
     ] = None,
     generator_url: Annotated[str | None, typer.Option(help="Scenario writer's base URL.")] = None,
     generator_model: str = BUNDLED_MODEL,
@@ -177,7 +194,8 @@ def train(
     root: Annotated[Path, typer.Option(help="Where runs are written.")] = Path(".rlcoach"),
     seed: int = 0,
 ) -> None:
-    """Discover the tools, generate scenarios, train, evaluate held out, write a report."""
+    """Explore the server's safe tools, write grounded scenarios from the calls that worked,
+    evaluate held out, warm up (SFT) when needed, train, evaluate again, write a report."""
     from pydantic import ValidationError
 
     from rlcoach.errors import RLCoachError
@@ -203,6 +221,8 @@ def train(
             examples=read_examples(examples) if examples else [],
             check=check,
             warmup_epochs=warmup_epochs,
+            allow_unsafe_tools=allow_unsafe_tools,
+            explore_budget_s=explore_budget,
             agent=AgentConfig(
                 max_turns=max_turns,
                 call_timeout_s=call_timeout,
