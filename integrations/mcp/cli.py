@@ -135,14 +135,14 @@ def train(
     env: EnvOption = None,
     model: Annotated[str, typer.Option(help="Base model to train.")] = BUNDLED_MODEL,
     steps: Annotated[int, typer.Option(min=0, help="Training steps.")] = 4,
-    scenarios: Annotated[int, typer.Option(min=2, help="Scenarios to generate.")] = 24,
+    scenarios: Annotated[int, typer.Option(min=2, help="Scenarios to write.")] = 32,
     scenarios_file: Annotated[
         Path | None, typer.Option(help="Scenarios as AutoRL JSONL instead of generating them.")
     ] = None,
     eval_fraction: Annotated[float, typer.Option(min=0.01, max=0.95)] = 0.25,
     scenarios_per_step: Annotated[int, typer.Option(min=1)] = 2,
     group_size: Annotated[int, typer.Option(min=2, help="Attempts per scenario.")] = 4,
-    eval_samples: Annotated[int, typer.Option(min=1)] = 1,
+    eval_samples: Annotated[int, typer.Option(min=1, help="Attempts per held-out scenario.")] = 2,
     max_turns: Annotated[int, typer.Option(min=1)] = 4,
     call_timeout: Annotated[float, typer.Option(help="Seconds per tool call.")] = 30.0,
     rollout_timeout: Annotated[float, typer.Option(help="Seconds per rollout.")] = 600.0,
@@ -163,7 +163,7 @@ def train(
         int | None,
         typer.Option(
             min=0,
-            help="SFT epochs on the worked examples before RL (0: none; default: 4 when "
+            help="SFT epochs on the worked examples before RL (0: none; default: 3 when "
             "the base model's held-out success is below 0.1).",
         ),
     ] = None,

@@ -7,11 +7,13 @@ property, `ArgumentSynthesizer` builds a pool of candidate values, best first:
    or given after "e.g." in the description, and for numbers the `minimum`/`maximum`;
 2. what the name and description say the value is (`NAMED`): a `timezone` gets IANA
    zone names, an `expression` arithmetic, a `time` described as HH:MM clock times, a
-   `date` ISO dates, a `url` URLs, a `query` words, an `id` ids, and so on;
-3. what the server has said so far (`learn`): string values found in earlier results
-   (names, ids, paths — a search's answer feeds the lookup) and in error messages
-   (an error often names what is valid), and paths in the server's own launch command;
-4. a value shaped by the type and `format` (email, uri, date, date-time, uuid).
+   `date` ISO dates, a `url` URLs, an `email` an address;
+3. what the server has said so far (`observe`, `refuse`): string values found in earlier
+   results (names, ids, paths — a listing feeds the lookup; values found under the
+   property's own name first) and in error messages (an error often names what is
+   valid), and paths in the server's own launch command;
+4. guesses any server might know (`GUESSES`): a `query` gets common words, a `city`
+   city names, a `pattern` globs; then a value shaped by the type and `format`.
 
 `candidates(name, schema, n)` combines the pools into `n` distinct argument sets (the
 required properties, or the first one when none is required). A value the server
@@ -27,7 +29,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["NAMED", "ArgumentSynthesizer", "strings_in"]
+__all__ = ["GUESSES", "NAMED", "ArgumentSynthesizer", "keyed_strings_in", "strings_in"]
 
 _QUOTED = re.compile(r"""['"`]([^'"`\n]{1,80})['"`]""")
 _EG = re.compile(r"(?:e\.g\.|for example|such as|like)[,:]?\s*([^'\"`\s,;)]+)", re.IGNORECASE)
@@ -68,46 +70,56 @@ NAMED: list[tuple[Callable[[str], bool], Callable[[random.Random], list[Any]]]] 
     (_needs("date", "day\\b", "yyyy"), lambda r: r.sample(DATES, len(DATES))),
     (_needs("url", "uri", "link", "website"), lambda r: ["https://example.com/"]),
     (_needs("email", "e-mail"), lambda r: ["ada@example.com"]),
+]
+"""(does a property's name and description match, values to try): kinds of values
+whose shape matters more than what the server has said so far."""
+GUESSES: list[tuple[Callable[[str], bool], Callable[[random.Random], list[Any]]]] = [
     (_needs("city", "location", "place"), lambda r: ["Paris", "Tokyo", "Lisbon", "Oslo"]),
     (_needs("country"), lambda r: ["France", "Japan", "Brazil"]),
     (_needs("lang"), lambda r: ["en", "fr"]),
     (_needs("pattern", "glob"), lambda r: ["*", "*.md", "*.txt", "**/*.md"]),
     (_needs("query", "search", "keyword", "term", "text", "q\\b"), lambda r: list(WORDS)),
 ]
-"""(does a property's name and description match, values to try) in order of trust."""
+"""The same, for values any server might know: tried after what this one returned."""
 
 
 def strings_in(text: str) -> list[str]:
     """Short string values in a result or error message: JSON string leaves when it is
     JSON, else quoted strings and absolute paths."""
-    found: list[str] = []
+    return [value for _, value in keyed_strings_in(text)]
+
+
+def keyed_strings_in(text: str) -> list[tuple[str, str]]:
+    """(the JSON key it was found under, or "", value) for each of `strings_in`."""
+    found: list[tuple[str, str]] = []
     try:
         parsed = json.loads(text)
     except (json.JSONDecodeError, TypeError):
         parsed = None
 
-    def walk(node: Any) -> None:
+    def walk(node: Any, key: str) -> None:
         if isinstance(node, str):
             if 0 < len(node) <= 80:
-                found.append(node)
+                found.append((key, node))
         elif isinstance(node, dict):
-            for value in node.values():
-                walk(value)
+            for name, value in node.items():
+                walk(value, str(name))
         elif isinstance(node, list):
             for item in node:
-                walk(item)
+                walk(item, key)
 
     if isinstance(parsed, dict | list):
-        walk(parsed)
+        walk(parsed, "")
     else:
-        found += [m.group(1) for m in _QUOTED.finditer(text)]
-        found += [m.group(1).rstrip(".,:;") for m in _PATH.finditer(text)]
+        found += [("", m.group(1)) for m in _QUOTED.finditer(text)]
+        found += [("", m.group(1).rstrip(".,:;")) for m in _PATH.finditer(text)]
         for line in text.splitlines():
             # listings: "[FILE] notes.md", "- item", "name: value"
             item = re.sub(r"^\s*(?:\[\w+\]|[-*•]|\d+[.)])\s+", "", line).strip()
             if item and item != line.strip() and len(item) <= 80:
-                found.append(item)
-    return list(dict.fromkeys(s.strip() for s in found if s.strip()))
+                found.append(("", item))
+    unique = dict.fromkeys((k, v.strip()) for k, v in found if v.strip())
+    return list(unique)
 
 
 def _kind(schema: dict[str, Any]) -> str:
@@ -148,6 +160,8 @@ class ArgumentSynthesizer:
         self.rng = random.Random(seed)
         self.seen: list[str] = []
         """String values the server returned or named, most recent last."""
+        self.keys: dict[str, str] = {}
+        """The JSON key each value of `seen` was first found under."""
         self.learned: dict[str, list[Any]] = {}
         """Per property name: values an error message suggested."""
         self.refused: dict[str, list[Any]] = {}
@@ -163,11 +177,12 @@ class ArgumentSynthesizer:
             for v in (arguments or {}).values()
             if isinstance(v, str) and v.startswith("/")
         ]
-        for value in strings_in(result):
+        for key, value in keyed_strings_in(result):
             joined = [f"{f}/{value}" for f in folders if not value.startswith("/")]
             for item in (*joined, value):
                 if item not in self.seen:
                     self.seen.append(item)
+                    self.keys[item] = key
 
     def refuse(self, tool: str, arguments: dict[str, Any], error: str) -> str | None:
         """Learn from a refused call: its values are not proposed again for those
@@ -231,7 +246,10 @@ class ArgumentSynthesizer:
             for matches, make in NAMED:
                 if matches(text):
                     pool += make(self.rng)
-            pool += self._seen_for(text)
+            pool += self._seen_for(name, text)
+            for matches, make in GUESSES:
+                if matches(text):
+                    pool += make(self.rng)
             pool += self._formatted(schema, name)
         refused = self.refused.get(f"{tool}.{name}", [])
         out: list[Any] = []
@@ -243,10 +261,15 @@ class ArgumentSynthesizer:
                 break
         return out or [self._formatted(schema, name)[0]]
 
-    def _seen_for(self, text: str) -> list[str]:
+    def _seen_for(self, name: str, text: str) -> list[str]:
         """Values the server returned that suit the property: paths for a path, ids for
-        an id, short names for a name or query, anything short otherwise."""
-        recent = list(reversed(self.seen))
+        an id, short names for a name or query, anything short otherwise; first those it
+        returned under the property's own name (`name` for `names`, `id` for `item_id`)."""
+        stem = name.lower().rstrip("s").split("_")[-1]
+        recent = sorted(
+            reversed(self.seen),
+            key=lambda v: self.keys.get(v, "").lower().rstrip("s").split("_")[-1] != stem,
+        )
         if re.search(r"\b(path|file|dir|directory|folder|root|repo)", text):
             return [v for v in recent if "/" in v or "." in v]
         if re.search(r"\b(id|ids|key|sku|uuid|identifier)\b|_id\b", text):

@@ -90,14 +90,14 @@ class MCPTrainConfig(Config):
     """The trained model's name (default `<server>-<time>`); an existing one resumes."""
     steps: int = Field(4, ge=0)
     """RL steps this run (after any warm-up; a resumed model trains this many more)."""
-    scenarios: int = Field(24, ge=2)
+    scenarios: int = Field(32, ge=2)
     """Scenarios to generate (ignored with `scenarios_file`)."""
     scenarios_file: Path | None = None
     """A JSONL of AutoRL input records (e.g. from `rlcoach autorl generate --mcp`)."""
     eval_fraction: float = Field(0.25, gt=0.0, lt=1.0)
     scenarios_per_step: int = Field(2, ge=1)
     group_size: int = Field(4, ge=2)
-    eval_samples: int = Field(1, ge=1)
+    eval_samples: int = Field(2, ge=1)
     agent: AgentConfig = Field(default_factory=AgentConfig)
     demonstration: bool = False
     """Put a worked example from a real call before each task (doubles the prompt; the
@@ -110,10 +110,13 @@ class MCPTrainConfig(Config):
     when the base model's held-out success is below `warmup_below`. A small model that
     never calls a tool gives GRPO groups without reward variance; the warm-up gives it
     some."""
-    auto_warmup_epochs: int = Field(4, ge=1)
+    auto_warmup_epochs: int = Field(3, ge=1)
     warmup_below: float = Field(0.1, ge=0.0, le=1.0)
-    warmup_examples: int = Field(32, ge=1)
+    warmup_examples: int = Field(24, ge=1)
     """At most this many worked examples (one per training scenario with an answer key)."""
+    warmup_tokens: int = Field(60_000, ge=1000)
+    """And at most about this many tokens over all epochs (long tool lists make long
+    examples: the LoRA step learns ~250 tokens/s on two CPU cores)."""
     allow_unsafe_tools: bool = False
     """Call while exploring, and offer the policy, the tools the safety rule finds unsafe
     (they still run in the private working directory and home)."""
@@ -371,6 +374,11 @@ async def _warm_up(
         result_chars=config.agent.result_chars,
         limit=max(config.warmup_examples - len(records), 0),
     )
+    # A token is about 3.5 characters of this JSON-heavy text (measured: 434 tokens for
+    # the time server's two tools and a short exchange).
+    size = max(len(json.dumps([r.model_dump() for r in records[:4]])) / 3.5 / 4, 1.0)
+    keep = max(int(config.warmup_tokens / (size * epochs)), 4)
+    records = records[:keep]
     if not records:
         raise ConfigError(
             "the SFT warm-up needs worked examples, and there are none (no grounded "
