@@ -103,13 +103,14 @@ def tools(
     header: HeaderOption = None,
     env: EnvOption = None,
 ) -> None:
-    """List the server's tools as the policy sees them (OpenAI schemas), and what was skipped."""
+    """List the server's tools as the policy sees them (OpenAI schemas), what was skipped,
+    and each tool's safety verdict (`mcp train` calls only the safe ones by default)."""
     from rlcoach.errors import RLCoachError
     from rlcoach.integrations.mcp.train import discover
 
     spec = server_spec(server, url, header, env)
     try:
-        found = asyncio.run(discover(spec, demonstration=False))
+        found = asyncio.run(discover(spec, demonstration=False, allow_unsafe=True))
     except RLCoachError as e:
         raise _fail(e) from e
     typer.echo(
@@ -118,6 +119,10 @@ def tools(
                 "server": found.server_name,
                 "tools": found.tools.tools,
                 "skipped": found.tools.skipped,
+                "safety": {
+                    name: {"safe": verdict.safe, "rule": verdict.rule}
+                    for name, verdict in found.safety.items()
+                },
                 "renamed": found.tools.renamed,
                 "resources": found.resources,
                 "prompts": found.prompts,

@@ -181,6 +181,4 @@ def judge_tool(
             safe, rule = False, f"unannotated; its description says {in_text[0]!r}"
         else:
             safe, rule = True, "unannotated; nothing in its name or description writes"
-    if not safe and allow_unsafe:
-        rule += ", allowed by allow_unsafe"
     return ToolSafety(name, safe, rule, safe or allow_unsafe)

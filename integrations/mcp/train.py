@@ -423,12 +423,24 @@ async def train_on_server(
         _log(f"skipped tool {name}: {why}")
     for verdict in found.safety.values():
         _log(
-            f"tool {verdict.name}: {'called' if verdict.allowed else 'NOT called'} ({verdict.rule})"
+            f"tool {verdict.name}: "
+            + (
+                "called"
+                if verdict.safe
+                else "called: --allow-unsafe-tools"
+                if verdict.allowed
+                else "NOT called"
+            )
+            + f" ({verdict.rule})"
         )
     _log(
         f"{len(found.tools.tools)} tools: {', '.join(found.tools.names)}; "
-        f"{len(found.resources)} resources, {len(found.prompts)} prompts; worked example: "
-        f"{'yes' if found.demonstration else 'none (no tool answered example arguments)'}"
+        f"{len(found.resources)} resources, {len(found.prompts)} prompts"
+        + (
+            f"; a worked example in every prompt: {'yes' if found.demonstration else 'none'}"
+            if config.demonstration or config.examples
+            else ""
+        )
     )
     slug = "".join(c if c.isalnum() else "-" for c in found.server_name.lower()).strip("-")
     name = config.name or f"{slug[:40] or 'server'}-{time.strftime('%Y%m%d-%H%M%S')}"

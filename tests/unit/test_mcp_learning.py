@@ -108,7 +108,7 @@ def test_annotations_rule_and_names_decide_the_rest():
     ]:
         assert verdict(name, description)[:2] == (True, True), name
     allowed = verdict("drop_table", "", {"destructiveHint": True}, allow_unsafe=True)
-    assert allowed[:2] == (False, True) and allowed[2].endswith("allowed by allow_unsafe")
+    assert allowed == (False, True, "annotated as a destructive write (destructiveHint=true)")
 
 
 def test_key_facts_are_normalised_numbers_names_and_times():
