@@ -91,7 +91,7 @@ class MCPTrainConfig(Config):
     steps: int = Field(4, ge=0)
     """RL steps this run (after any warm-up; a resumed model trains this many more)."""
     scenarios: int = Field(32, ge=2)
-    """Scenarios to generate (ignored with `scenarios_file`)."""
+    """Grounded scenarios to write (ignored with `scenarios_file`)."""
     scenarios_file: Path | None = None
     """A JSONL of AutoRL input records (e.g. from `rlcoach autorl generate --mcp`)."""
     eval_fraction: float = Field(0.25, gt=0.0, lt=1.0)
@@ -124,7 +124,8 @@ class MCPTrainConfig(Config):
     """Upper bound on exploring the server."""
     warmup_learning_rate: float = Field(1e-3, gt=0.0)
     generator: Endpoint | None = None
-    """Writes the scenarios; default: the base model on the local engine (weak)."""
+    """Rephrases the grounded scenarios and writes more (AutoRL); default: none, the
+    scenarios come from the templates alone."""
     judge: Endpoint | None = None
     """RULER's judge; without one the reward is the agent's check alone."""
     judge_weight: float = Field(0.5, ge=0.0, le=1.0)
