@@ -9,8 +9,9 @@ current time in Asia/Tokyo?" is a request whose correct answer carries that time
 parameters, the arguments, the real result) into requests from templates built on the
 tool's description (or name) and its parameters' names, varied in wording; each argument
 value appears verbatim in the request, so the call can be recovered from it. Each request
-keeps the call and the key facts of its result (`facts.key_facts`: numbers, names,
-times the request does not already state) in its metadata: the answer key a checkable
+keeps the call and the two key facts of its result (`facts.key_facts`: times, numbers,
+dates, names the request does not already state; two, because a small model learns to
+restate two facts long before three) in its metadata: the answer key a checkable
 reward needs. A request is kept only if it is solvable — the recorded call answers it:
 the call worked, every argument value is in the text, and the result has a fact the
 request does not give away — and is not an exact duplicate. `split_by_call` splits train
@@ -142,7 +143,7 @@ def worked_answer(facts: Sequence[Fact]) -> str:
 
 
 def grounded_scenarios(
-    calls: Sequence[GroundedCall], n: int, *, fact_limit: int = 3, result_chars: int = 1500
+    calls: Sequence[GroundedCall], n: int, *, fact_limit: int = 2, result_chars: int = 1500
 ) -> list[InputRecord]:
     """Up to `n` solvable, distinct requests from `calls` (see the module docstring),
     spread over the calls: variant 1 of every call, then variant 2, and so on."""

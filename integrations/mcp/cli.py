@@ -168,7 +168,7 @@ def train(
         int | None,
         typer.Option(
             min=0,
-            help="SFT epochs on the worked examples before RL (0: none; default: 3 when "
+            help="SFT epochs on the worked examples before RL (0: none; default: 4 when "
             "the base model's held-out success is below 0.1).",
         ),
     ] = None,

@@ -110,11 +110,11 @@ class MCPTrainConfig(Config):
     when the base model's held-out success is below `warmup_below`. A small model that
     never calls a tool gives GRPO groups without reward variance; the warm-up gives it
     some."""
-    auto_warmup_epochs: int = Field(3, ge=1)
+    auto_warmup_epochs: int = Field(4, ge=1)
     warmup_below: float = Field(0.1, ge=0.0, le=1.0)
     warmup_examples: int = Field(24, ge=1)
     """At most this many worked examples (one per training scenario with an answer key)."""
-    warmup_tokens: int = Field(60_000, ge=1000)
+    warmup_tokens: int = Field(80_000, ge=1000)
     """And at most about this many tokens over all epochs (long tool lists make long
     examples: the LoRA step learns ~250 tokens/s on two CPU cores)."""
     allow_unsafe_tools: bool = False
