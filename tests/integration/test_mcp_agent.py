@@ -157,7 +157,7 @@ async def test_train_on_server_writes_a_report(agent, vllm_backend, tmp_path):
         eval_fraction=0.34,
         warmup_examples=2,
         auto_warmup_epochs=1,
-        warmup_below=1.01,  # always: the base model's few successes must not skip it
+        warmup_below=1.0,  # a base model that is not perfect gets it (always, in practice)
         agent={"max_turns": 2, "max_tokens": 48},
         progress=False,
     )
