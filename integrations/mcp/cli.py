@@ -103,13 +103,14 @@ def tools(
     header: HeaderOption = None,
     env: EnvOption = None,
 ) -> None:
-    """List the server's tools as the policy sees them (OpenAI schemas), and what was skipped."""
+    """List the server's tools as the policy sees them (OpenAI schemas), what was skipped,
+    and each tool's safety verdict (`mcp train` calls only the safe ones by default)."""
     from rlcoach.errors import RLCoachError
     from rlcoach.integrations.mcp.train import discover
 
     spec = server_spec(server, url, header, env)
     try:
-        found = asyncio.run(discover(spec, demonstration=False))
+        found = asyncio.run(discover(spec, demonstration=False, allow_unsafe=True))
     except RLCoachError as e:
         raise _fail(e) from e
     typer.echo(
@@ -118,6 +119,10 @@ def tools(
                 "server": found.server_name,
                 "tools": found.tools.tools,
                 "skipped": found.tools.skipped,
+                "safety": {
+                    name: {"safe": verdict.safe, "rule": verdict.rule}
+                    for name, verdict in found.safety.items()
+                },
                 "renamed": found.tools.renamed,
                 "resources": found.resources,
                 "prompts": found.prompts,
@@ -135,21 +140,23 @@ def train(
     env: EnvOption = None,
     model: Annotated[str, typer.Option(help="Base model to train.")] = BUNDLED_MODEL,
     steps: Annotated[int, typer.Option(min=0, help="Training steps.")] = 4,
-    scenarios: Annotated[int, typer.Option(min=2, help="Scenarios to generate.")] = 24,
+    scenarios: Annotated[int, typer.Option(min=2, help="Scenarios to write.")] = 32,
     scenarios_file: Annotated[
         Path | None, typer.Option(help="Scenarios as AutoRL JSONL instead of generating them.")
     ] = None,
     eval_fraction: Annotated[float, typer.Option(min=0.01, max=0.95)] = 0.25,
     scenarios_per_step: Annotated[int, typer.Option(min=1)] = 2,
     group_size: Annotated[int, typer.Option(min=2, help="Attempts per scenario.")] = 4,
-    eval_samples: Annotated[int, typer.Option(min=1)] = 1,
+    eval_samples: Annotated[int, typer.Option(min=1, help="Attempts per held-out scenario.")] = 2,
     max_turns: Annotated[int, typer.Option(min=1)] = 4,
     call_timeout: Annotated[float, typer.Option(help="Seconds per tool call.")] = 30.0,
     rollout_timeout: Annotated[float, typer.Option(help="Seconds per rollout.")] = 600.0,
     result_chars: Annotated[int, typer.Option(min=40, help="Tool results cut to this.")] = 1500,
     max_tokens: Annotated[int, typer.Option(min=8, help="Tokens per policy reply.")] = 192,
     system_prompt: Annotated[str | None, typer.Option(help="The agent's system prompt.")] = None,
-    demonstration: Annotated[bool, typer.Option(help="Worked example from a real call.")] = True,
+    demonstration: Annotated[
+        bool, typer.Option(help="A worked example from a real call before each task.")
+    ] = False,
     examples: Annotated[
         Path | None,
         typer.Option(
@@ -158,11 +165,26 @@ def train(
         ),
     ] = None,
     warmup_epochs: Annotated[
-        int, typer.Option(min=0, help="SFT epochs on the worked examples before RL (0: none).")
-    ] = 0,
+        int | None,
+        typer.Option(
+            min=0,
+            help="SFT epochs on the worked examples before RL (0: none; default: 4 when "
+            "the base model's held-out success is below 0.1).",
+        ),
+    ] = None,
+    allow_unsafe_tools: Annotated[
+        bool,
+        typer.Option(
+            help="Call (while exploring) and offer the policy the tools judged unsafe "
+            "(annotated as writing, or named/described as writing, deleting, sending, buying)."
+        ),
+    ] = False,
+    explore_budget: Annotated[
+        float, typer.Option(min=1.0, help="Seconds at most for exploring the server.")
+    ] = 180.0,
     check: Annotated[
         str | None,
-        typer.Option(help="module:function scoring a rollout in [0, 1] (default: tool_use_check)."),
+        typer.Option(help="module:function scoring a rollout in [0, 1] (default: grounded_check)."),
     ] = None,
     generator_url: Annotated[str | None, typer.Option(help="Scenario writer's base URL.")] = None,
     generator_model: str = BUNDLED_MODEL,
@@ -177,7 +199,8 @@ def train(
     root: Annotated[Path, typer.Option(help="Where runs are written.")] = Path(".rlcoach"),
     seed: int = 0,
 ) -> None:
-    """Discover the tools, generate scenarios, train, evaluate held out, write a report."""
+    """Explore the server's safe tools, write grounded scenarios from the calls that worked,
+    evaluate held out, warm up (SFT) when needed, train, evaluate again, write a report."""
     from pydantic import ValidationError
 
     from rlcoach.errors import RLCoachError
@@ -203,6 +226,8 @@ def train(
             examples=read_examples(examples) if examples else [],
             check=check,
             warmup_epochs=warmup_epochs,
+            allow_unsafe_tools=allow_unsafe_tools,
+            explore_budget_s=explore_budget,
             agent=AgentConfig(
                 max_turns=max_turns,
                 call_timeout_s=call_timeout,

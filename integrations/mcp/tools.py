@@ -192,6 +192,17 @@ class ToolSet:
         self.schemas[openai_name] = parameters
         return openai_name
 
+    def only(self, names: Sequence[str]) -> ToolSet:
+        """The same tools, less those not in `names` (e.g. the unsafe ones)."""
+        keep = set(names)
+        return ToolSet(
+            tools=[t for t in self.tools if t["function"]["name"] in keep],
+            server_names={k: v for k, v in self.server_names.items() if k in keep},
+            schemas={k: v for k, v in self.schemas.items() if k in keep},
+            skipped=list(self.skipped),
+            renamed=list(self.renamed),
+        )
+
     def check_call(self, name: str, arguments: str | dict[str, Any] | None) -> CallCheck:
         """Parse and validate one call's arguments (see the module docstring)."""
         from jsonschema import Draft202012Validator
