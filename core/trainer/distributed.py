@@ -114,6 +114,9 @@ class DistributedTrainer:
                 f"DistributedTrainer ranks={ranks}: it spreads training over "
                 "ranks; fix: use LoraTrainer for one, or ranks >= 2"
             )
+        from rlcoach.engines.process import child_environment
+        from rlcoach.trainer.ranks import TOKEN_VARIABLE
+
         self.config = config
         self.call_timeout_s = call_timeout_s
         self._work = Path(tempfile.mkdtemp(prefix="rlcoach-ranks-"))
@@ -146,8 +149,6 @@ class DistributedTrainer:
             backend,
             "--driver-port",
             str(self._server.getsockname()[1]),
-            "--token",
-            token,
         ]
         with open(self.log_file, "ab") as log:
             self._process = subprocess.Popen(
@@ -155,7 +156,7 @@ class DistributedTrainer:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **(env or {})},
+                env=child_environment({**(env or {}), TOKEN_VARIABLE: token}),
                 start_new_session=True,
                 preexec_fn=parent_death_signal(),
             )
@@ -322,7 +323,7 @@ class DistributedTrainer:
                 self._process.wait()
         for pid in self.worker_pids:  # a rank torchrun could not stop (checked: still ours)
             try:
-                if b"rlcoach.trainer.distributed" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if b"rlcoach.trainer.ranks" in Path(f"/proc/{pid}/cmdline").read_bytes():
                     os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass

@@ -39,7 +39,10 @@ from rlcoach.trainer.objective import loss_normalizer
 from rlcoach.trainer.sequences import PackedRow, TrainSequence, pack_sequences
 from rlcoach.types import TrajectoryGroup
 
-__all__ = ["main", "split_by_tokens"]
+__all__ = ["TOKEN_VARIABLE", "main", "split_by_tokens"]
+
+TOKEN_VARIABLE = "RLCOACH_RANK_TOKEN"
+"""The environment variable that carries the driver's token to rank 0."""
 
 logger = logging.getLogger(__name__)
 
@@ -335,12 +338,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", required=True, help="TrainConfig as JSON")
     parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
     parser.add_argument("--driver-port", type=int, required=True)
-    parser.add_argument("--token", required=True)
     args = parser.parse_args(argv)
+    # The driver's token comes in the environment: a command line is readable by all.
+    token = os.environ.pop(TOKEN_VARIABLE, "")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     line = f"%(asctime)s rank {rank} %(levelname)s %(name)s: %(message)s"
     logging.basicConfig(level=logging.INFO, format=line)
-    channel = _Channel(args.driver_port, args.token) if rank == 0 else None
+    channel = _Channel(args.driver_port, token) if rank == 0 else None
 
     def progress(message: str) -> None:
         logger.info(message)
