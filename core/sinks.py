@@ -308,6 +308,17 @@ class SinkSet:
         for worker in self._workers:
             worker.submit("log_trajectories", step, lines)
 
+    def mark_skipped(self, step: int) -> int:
+        """The groups just logged for `step` trained nothing: move their file aside to
+        `<step>-skip<k>.jsonl` (so the next attempt at `step` cannot overwrite them) and
+        return `k`, this skipped attempt's number."""
+        paths = self.disk._paths()
+        skip = paths.skipped_attempts(step) + 1
+        source = paths.trajectory_file(step)
+        if source.is_file():
+            os.replace(source, paths.trajectory_file(step, skip))
+        return skip
+
     def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
         """Add the sink counters and a timestamp, write the record, queue it; return it."""
         record = {"step": step, **metrics, "time": time.time(), **self.counters()}
