@@ -45,7 +45,7 @@ from rlcoach.config import EngineConfig, SFTConfig, TrainConfig, parse_config
 from rlcoach.engines.base import Engine
 from rlcoach.errors import CheckpointError, ConfigError
 from rlcoach.families import fallback_chat_template
-from rlcoach.gateway import Gateway
+from rlcoach.gateway import Gateway, Recorder
 from rlcoach.paths import DEFAULT_ROOT, RunPaths, write_text_atomic
 from rlcoach.router import Router
 from rlcoach.sinks import (
@@ -58,6 +58,7 @@ from rlcoach.sinks import (
     run_info,
 )
 from rlcoach.supervisor import EngineSupervisor, RestartableEngine
+from rlcoach.training_input import TrainingLimits, check_examples, check_groups, training_limits
 from rlcoach.types import ChatRecord, Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
@@ -170,6 +171,7 @@ class LocalBackend:
         self._model_path: Path | None = None
         self._trainers: dict[str, LoraTrainer | DistributedTrainer] = {}
         self._tokenizer_cache: Any = None
+        self._limits: TrainingLimits | None = None
         self._models: dict[str, TrainableModel] = {}
         self.sink_config, self._sink_objects = resolve_sinks(sinks)
         self._sinks: dict[str, SinkSet] = {}
@@ -207,6 +209,11 @@ class LocalBackend:
 
             log = self.root / "logs" / f"vllm-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
             engine = VLLMEngine(self._model_path, base_name, c, log)
+        elif c.kind == "transformers-process":
+            from rlcoach.engines.transformers_process import TransformersProcessEngine
+
+            log = self.root / "logs" / f"engine-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+            engine = TransformersProcessEngine(self._model_path, base_name, c, log)
         else:
             from rlcoach.engines.transformers import TransformersEngine
 
@@ -222,12 +229,14 @@ class LocalBackend:
                 max_model_len=c.max_model_len,
                 dtype=c.dtype,
             )
-        gateway = Gateway(engine, Router(engine, c.max_loras), c.host, c.port)
+        recorder = Recorder(c.max_recorded_rollouts, ttl_s=c.recording_ttl_s)
+        router = Router(engine, c.max_loras, wait_timeout_s=c.adapter_wait_timeout_s)
+        gateway = Gateway(engine, router, c.host, c.port, recorder=recorder)
         gateway.start()
         try:
-            await gateway.call(engine.start())
+            await gateway.call(engine.start(), timeout_s=c.startup_timeout_s + 60)
         except BaseException:
-            await gateway.call(engine.close())
+            await gateway.call(engine.close(), timeout_s=120)
             gateway.stop()
             raise
         self.engine, self.gateway, self.base_model = engine, gateway, base_model
@@ -245,6 +254,7 @@ class LocalBackend:
             )
         assert self.gateway is not None
         paths = self.paths(model)
+        self._check_lora_rank(model, paths)
         for removed in paths.remove_partial_checkpoints():
             logger.warning("removed a partial checkpoint left by a crash: %s", removed)
         latest = paths.latest_checkpoint()
@@ -278,6 +288,37 @@ class LocalBackend:
             self._sinks[model.name] = await asyncio.to_thread(
                 open_sinks, info, self.sink_config, self._sink_objects
             )
+
+    def _check_lora_rank(self, model: TrainableModel, paths: RunPaths) -> None:
+        """Refuse a model whose adapters the engine would refuse at every publish."""
+        limit = self.engine_config.max_lora_rank
+        if self.engine_config.kind == "transformers":
+            return  # the in-process engine serves any rank
+        problem = None
+        if model.config.lora.rank > limit:
+            problem = f"trains a LoRA of rank {model.config.lora.rank}"
+        elif (latest := paths.latest_checkpoint()) is not None:
+            try:
+                rank = int(json.loads((latest[1] / "adapter_config.json").read_text())["r"])
+            except (OSError, ValueError, KeyError, TypeError):
+                rank = 0  # unreadable: loading it will say why
+            if rank > limit:
+                problem = f"resumes from checkpoint {latest[1]}, a LoRA of rank {rank}"
+        if problem is not None:
+            raise ConfigError(
+                f"model {model.name!r} {problem}, but the engine serves adapters up to rank "
+                f"{limit} (EngineConfig.max_lora_rank), so every publish would fail; fix: "
+                "start the engine with a max_lora_rank at least that large "
+                "(`rlcoach serve --max-lora-rank`), or train a smaller rank under a new name"
+            )
+
+    def training_limits(self) -> TrainingLimits:
+        """The vocabulary and context that training input must fit (training_input.py)."""
+        if self._limits is None:
+            if self._model_path is None:
+                raise ConfigError("the backend is not started; register a model first")
+            self._limits = training_limits(self._model_path, self.engine_config.max_model_len)
+        return self._limits
 
     def sinks(self, model: TrainableModel) -> SinkSet:
         """The sinks recording `model`'s run (the disk record and the plug-ins)."""
@@ -369,6 +410,7 @@ class LocalBackend:
         if self.gateway is None or model.name not in self._models:
             raise ConfigError(f"model {model.name!r} is not registered with this backend")
         train_config = parse_config(TrainConfig, config) if config is not None else model.config
+        await asyncio.to_thread(check_groups, groups, self.training_limits())
         started = time.perf_counter()
         sinks = self.sinks(model)
         next_step = model.step + 1
@@ -376,9 +418,16 @@ class LocalBackend:
         trainer = await asyncio.to_thread(self._trainer, model)
         stats = await asyncio.to_thread(trainer.step, groups, train_config)
         if not stats.trained:
-            logger.warning("step %d: no group had reward variance; nothing trained", next_step)
+            skip = await asyncio.to_thread(sinks.mark_skipped, next_step)
+            logger.warning(
+                "step %d, attempt skipped %d: no group had reward variance; nothing trained "
+                "(the model stays at step %d)",
+                next_step,
+                skip,
+                model.step,
+            )
             result = StepResult(model.step, stats, None, 0.0, 0.0)
-            self._record(sinks, model, next_step, "skipped", result, groups, started)
+            self._record(sinks, model, next_step, "skipped", result, groups, started, skip)
             return result
         record = {"request_id": request_id, "stats": stats.as_dict()}
         result = await self._publish_step(model, trainer, stats, record)
@@ -412,6 +461,7 @@ class LocalBackend:
             )
         sft_config = parse_config(SFTConfig, config)
         items = list(data)
+        await asyncio.to_thread(check_examples, items, self.training_limits())
         if not items:
             raise ConfigError(
                 "train_sft got no examples; fix: pass at least one Trajectory or ChatRecord"
@@ -482,16 +532,21 @@ class LocalBackend:
         result: StepResult,
         groups: list[TrajectoryGroup],
         started: float,
+        skip: int = 0,
     ) -> None:
-        """One metrics record. Sinks get it under `step`, the step its trajectories were
-        logged for, also when nothing trained (the record's own `step` stays the model's)."""
+        """One metrics record, under `step`: the step its trajectories were logged for.
+        A skipped attempt's record says which (`skip`: 1, 2, ... at that step, as in its
+        trajectory file's name) and the step the model stayed at (`model_step`)."""
         record = {
             "event": event,
             **result.as_dict(),
             **rollout_metrics(groups),
             "step_seconds": time.perf_counter() - started,
             "policy": model.served_name,
+            "step": step,
         }
+        if skip:
+            record.update(skip=skip, model_step=result.step)
         sinks.log_metrics(step, record)
 
     @staticmethod

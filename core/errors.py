@@ -36,6 +36,10 @@ __all__ = [
 class RLCoachError(Exception):
     """Root of every error rlcoach raises on purpose."""
 
+    retryable: bool = False
+    """Whether the same request may succeed if sent again: `rlcoach serve` tells its
+    clients so, and only then do they retry. False unless the failure is transient."""
+
 
 class ConfigError(RLCoachError, ValueError):
     """A configuration value or argument is invalid (names the field, the value and the fix)."""
@@ -77,6 +81,8 @@ class UnknownNameError(RLCoachError, KeyError):
 class EngineError(RLCoachError, RuntimeError):
     """The inference engine failed or is not reachable."""
 
+    retryable = True  # a dead engine is restarted by the supervisor
+
 
 class EngineHTTPError(EngineError):
     """The engine refused a request; `status` and `body` are passed on to the client."""
@@ -95,6 +101,8 @@ class EngineHTTPError(EngineError):
 class EngineStartError(EngineError):
     """The inference engine could not be started (the message points at its log)."""
 
+    retryable = False
+
 
 class CheckpointError(RLCoachError, OSError):
     """A checkpoint is missing, partial or cannot be written."""
@@ -102,6 +110,8 @@ class CheckpointError(RLCoachError, OSError):
 
 class TrainerError(RLCoachError, RuntimeError):
     """The training processes died, timed out or failed (the message points at their log)."""
+
+    retryable = True  # the next step starts new ranks from the latest checkpoint
 
 
 class RolloutError(RLCoachError, RuntimeError):

@@ -318,13 +318,15 @@ def _error(response: httpx.Response) -> Exception:
         message, code = response.text[:500], None
     status = response.status_code
     text = f"the server answered {status}: {message}"
+    if status == 400 and code == "invalid_training_data":
+        return TrainingDataError(text)
     if status in (400, 401, 403, 409):
         return ConfigError(text)
     if status == 404 and code == "model_not_found":
         return UnknownModelError(text)
     if status == 413:
         return TrainingDataError(text)
-    retryable = status in (408, 429) or status >= 500
+    retryable = status in (408, 429) or (status >= 500 and status != 507)  # 507: disk full
     return RemoteError(text, status=status, code=code, retryable=retryable)
 
 
