@@ -63,6 +63,8 @@ class RulerConfig(Config):
     """Judge calls in flight at once, per `score` call."""
     cache_dir: Path | None = Field(default_factory=default_cache_dir)
     """Judge answers are cached here, keyed by the full request; None turns caching off."""
+    cache_max_entries: int = Field(100_000, ge=1)
+    """Answers kept in the cache; the least recently used go first (counted)."""
     on_failure: Literal["keep", "drop", "raise"] = "keep"
     """`score_group` when the judge fails: keep the original rewards, drop the group's
     trajectories (recorded as failures), or raise `JudgeError`."""

@@ -173,7 +173,11 @@ class JudgeSession:
         self.judge = judge
         self.config = config
         self.usage = JudgeUsage()
-        self.cache = JudgeCache(config.cache_dir) if config.cache_dir is not None else None
+        self.cache = (
+            JudgeCache(config.cache_dir, config.cache_max_entries)
+            if config.cache_dir is not None
+            else None
+        )
         self.url = judge.api_base
         self._client = judge.openai_client(record=False)
         self._semaphore = asyncio.Semaphore(config.max_concurrency)
@@ -199,7 +203,7 @@ class JudgeSession:
         data = response.model_dump(exclude_none=True)
         self.usage.count_response(data.get("usage"), self.config.price_per_million_tokens)
         if self.cache is not None:
-            self.cache.put(key, data)
+            self.usage.cache_evicted += self.cache.put(key, data)
         return data
 
     def _request(self, messages: list[Message], **fields: Any) -> dict[str, Any]:

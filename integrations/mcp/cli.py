@@ -2,7 +2,12 @@
 
     rlcoach mcp tools --server "python -m rlcoach.integrations.mcp.inventory"
     rlcoach mcp train --server "mcp-server-time" --steps 4
-    rlcoach mcp train --url http://127.0.0.1:8765/mcp --header "Authorization: Bearer ..."
+    rlcoach mcp train --url http://127.0.0.1:8765/mcp --header-env "Authorization=MCP_AUTH"
+
+Secrets stay off the command line, which every user of the machine can read: a header's
+value can come from an environment variable (`--header-env Name=VAR`), and `--env NAME`
+(no `=`) passes this process's `$NAME` to the server process. A value written inline
+(`--header "Name: value"`, `--env NAME=value`) still works, with a warning.
 
 The core CLI finds these commands through the `rlcoach.cli` entry point.
 """
@@ -31,8 +36,28 @@ HeaderOption = Annotated[
 ]
 EnvOption = Annotated[
     list[str] | None,
-    typer.Option("--env", help="An environment variable for the --server process, NAME=value."),
+    typer.Option(
+        "--env",
+        help="An environment variable for the --server process: NAME (its value here) or "
+        "NAME=value.",
+    ),
 ]
+HeaderEnvOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--header-env",
+        help='An HTTP header for --url whose value is in an environment variable, "Name=VAR".',
+    ),
+]
+
+
+def _from_environment(variable: str, option: str) -> str:
+    import os
+
+    value = os.environ.get(variable)
+    if value is None:
+        raise typer.BadParameter(f"{option} names ${variable}, which is not set")
+    return value
 
 
 def server_spec(
@@ -41,6 +66,7 @@ def server_spec(
     headers: list[str] | None,
     env: list[str] | None,
     startup_timeout_s: float = 60.0,
+    header_env: list[str] | None = None,
 ) -> Any:
     """A `ServerSpec` from the command-line options, or a usage error naming the fix."""
     from rlcoach.integrations.mcp.connection import ServerSpec
@@ -55,12 +81,20 @@ def server_spec(
         if not sep or not key.strip():
             raise typer.BadParameter(f'--header {header!r} is not "Name: value"')
         parsed_headers[key.strip()] = value.strip()
+        _warn_inline("--header", key.strip())
+    for item in header_env or []:
+        key, sep, variable = item.partition("=")
+        if not sep or not key.strip() or not variable:
+            raise typer.BadParameter(f'--header-env {item!r} is not "Name=VARIABLE"')
+        parsed_headers[key.strip()] = _from_environment(variable, "--header-env")
     parsed_env = {}
     for item in env or []:
         key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise typer.BadParameter(f"--env {item!r} is not NAME=value")
-        parsed_env[key] = value
+        if not key:
+            raise typer.BadParameter(f"--env {item!r} is not NAME or NAME=value")
+        if sep:
+            _warn_inline("--env", key)
+        parsed_env[key] = value if sep else _from_environment(key, "--env")
     if url is not None:
         if parsed_env:
             raise typer.BadParameter("--env applies to a --server process, not to --url")
@@ -68,6 +102,18 @@ def server_spec(
     if parsed_headers:
         raise typer.BadParameter("--header applies to --url, not to a --server command")
     return ServerSpec.from_command(server, env=parsed_env, startup_timeout_s=startup_timeout_s)
+
+
+def _warn_inline(option: str, name: str) -> None:
+    import logging
+
+    logging.getLogger(__name__).warning(
+        "%s %s: a value on the command line is visible to every user of this machine "
+        "(ps, /proc); if it is a secret, use %s instead",
+        option,
+        name,
+        "--header-env Name=VAR" if option == "--header" else f"--env {name} (no =value)",
+    )
 
 
 def read_examples(path: Path) -> list[dict[str, Any]]:
@@ -102,13 +148,14 @@ def tools(
     url: UrlOption = None,
     header: HeaderOption = None,
     env: EnvOption = None,
+    header_env: HeaderEnvOption = None,
 ) -> None:
     """List the server's tools as the policy sees them (OpenAI schemas), what was skipped,
     and each tool's safety verdict (`mcp train` calls only the safe ones by default)."""
     from rlcoach.errors import RLCoachError
     from rlcoach.integrations.mcp.train import discover
 
-    spec = server_spec(server, url, header, env)
+    spec = server_spec(server, url, header, env, header_env=header_env)
     try:
         found = asyncio.run(discover(spec, demonstration=False, allow_unsafe=True))
     except RLCoachError as e:
@@ -138,6 +185,7 @@ def train(
     url: UrlOption = None,
     header: HeaderOption = None,
     env: EnvOption = None,
+    header_env: HeaderEnvOption = None,
     model: Annotated[str, typer.Option(help="Base model to train.")] = BUNDLED_MODEL,
     steps: Annotated[int, typer.Option(min=0, help="Training steps.")] = 4,
     scenarios: Annotated[int, typer.Option(min=2, help="Scenarios to write.")] = 32,
@@ -207,7 +255,7 @@ def train(
     from rlcoach.integrations.mcp.agent import DEFAULT_SYSTEM, AgentConfig
     from rlcoach.integrations.mcp.train import Endpoint, MCPTrainConfig, train_on_server
 
-    spec = server_spec(server, url, header, env)
+    spec = server_spec(server, url, header, env, header_env=header_env)
     if (judge_url is None) != (judge_model is None):
         raise typer.BadParameter("a judge needs both --judge-url and --judge-model")
     try:

@@ -356,3 +356,14 @@ async def test_after_each_scores_groups_while_gathering(judge, tmp_path):
         progress=False,
     )
     assert [g.rewards for g in groups] == [pytest.approx([0.2, 0.5]), pytest.approx([0.8, 0.1])]
+
+
+def test_the_judge_cache_is_bounded_and_counts_evictions(tmp_path):
+    from rlcoach.ruler.cache import JudgeCache
+
+    cache = JudgeCache(tmp_path, max_entries=10)
+    keys = [JudgeCache.key("u", {"n": n}) for n in range(12)]
+    evicted = [cache.put(key, {"n": n}) for n, key in enumerate(keys)]
+    assert sum(evicted) == 2  # the 11th entry brings the cache down to 9 of 10
+    assert len(list(tmp_path.glob("*/*.json"))) == 10
+    assert cache.get(keys[-1]) == {"n": 11}
