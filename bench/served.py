@@ -22,18 +22,29 @@ from rlcoach.processes import free_port
 class ServeProcess:
     """`rlcoach serve` with a key, a root and a port; its log is kept beside the root."""
 
-    def __init__(self, root: Path, engine: str, *extra: str, key: str | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        engine: str,
+        *extra: str,
+        key: str | None = None,
+        scheme: str = "http",
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """`scheme` https for a server started with --ssl-certfile; `env` is added to
+        the server's environment."""
         self.root = root
         self.engine = engine
         self.extra = list(extra)
         self.key = key
+        self.env = env or {}
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
         self.log = root.parent / f"serve-{self.port}.log"
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout_s: float = 300.0) -> None:
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"), **self.env}
         env.pop("RLCOACH_API_KEY", None)
         if self.key:
             env["RLCOACH_API_KEY"] = self.key
@@ -64,6 +75,11 @@ class ServeProcess:
                 pass
             time.sleep(0.5)
         raise RuntimeError(f"serve did not start: {self.log.read_text()[-3000:]}")
+
+    def engine_pid(self) -> int:
+        """The engine process's id, from the server's status route."""
+        status = httpx.get(self.url + "/rlcoach/v1/status", headers=self.headers(), timeout=10)
+        return int(status.json()["engine"]["pid"])
 
     def kill9(self) -> None:
         assert self.process is not None

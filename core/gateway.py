@@ -162,7 +162,12 @@ def _check_body(body: Any) -> str | None:
         if value is not None and (
             not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high
         ):
-            return f"`{field}` must be an integer from {low} to {high}, got {value!r:.40}"
+            bounds = (
+                f"a positive integer up to {high}"
+                if low == 1
+                else f"an integer from {low} to {high}"
+            )
+            return f"`{field}` must be {bounds}, got {value!r:.40}"
     for field, low, high in _NUMBER_FIELDS:
         value = body.get(field)
         if value is not None and (

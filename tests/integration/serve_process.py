@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from served import ServeProcess as _Served
 
@@ -15,8 +16,10 @@ RUNNER = Path(__file__).with_name("remote_example.py")
 class ServeProcess(_Served):
     """`rlcoach serve` with the test key unless told otherwise."""
 
-    def __init__(self, root: Path, engine: str, *extra: str, key: str | None = KEY) -> None:
-        super().__init__(root, engine, *extra, key=key)
+    def __init__(
+        self, root: Path, engine: str, *extra: str, key: str | None = KEY, **options: Any
+    ) -> None:
+        super().__init__(root, engine, *extra, key=key, **options)
 
     def run_example(
         self, script: Path, args: list[str], client_root: Path, timeout_s: float = 600

@@ -21,3 +21,18 @@ def test_vllm_gets_a_private_socket_and_its_own_key_only_in_its_environment(tmp_
     env = engine.environment()
     assert env["VLLM_API_KEY"] == "engine-key" and "RLCOACH_API_KEY" not in env
     assert "RLCOACH_API_KEY" not in child_environment({"X": "1"})
+
+
+def test_any_error_body_of_the_engine_becomes_openai_shaped():
+    import httpx
+
+    from rlcoach.engines.process import _error_body
+
+    for response in (
+        httpx.Response(500, text="Internal Server Error"),
+        httpx.Response(401, json={"error": "Unauthorized"}),
+        httpx.Response(400, json=["not", "an", "object"]),
+        httpx.Response(400, json={"error": {"message": "bad", "type": "x", "param": None}}),
+    ):
+        error = _error_body(response)["error"]
+        assert isinstance(error["message"], str) and error["message"]
