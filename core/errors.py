@@ -96,6 +96,7 @@ class EngineHTTPError(EngineError):
         super().__init__(f"the engine answered HTTP {status}: {body}; fix: {fix}")
         self.status = status
         self.body = body
+        self.retryable = status >= 500 or status == 429  # a refused request stays refused
 
 
 class EngineStartError(EngineError):

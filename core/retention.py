@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from rlcoach.paths import RunPaths
+from rlcoach.validation import Config
 
 __all__ = ["Pruned", "RetentionConfig", "apply_retention", "remove_checkpoint"]
 
@@ -41,7 +42,7 @@ logger = logging.getLogger(__name__)
 OPTIMIZER_FILE = "optimizer.pt"  # the trainer's name for it (trainer/lora.py)
 
 
-class RetentionConfig(BaseModel):
+class RetentionConfig(Config):
     """What a run keeps on disk; the defaults keep every checkpoint."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
