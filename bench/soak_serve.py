@@ -31,14 +31,12 @@ import json
 import os
 import random
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
+from served import ServeProcess  # bench/served.py
 
 KEY = "soak-" + os.urandom(8).hex()
 START = "<!-- soak:start (written by bench/soak_serve.py --doc) -->"
@@ -71,73 +69,11 @@ def build_tiny_model(folder: Path) -> Path:
     return folder
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
-
-
-class Serve:
-    """The `rlcoach serve` subprocess (start, kill -9, stop) on one root and port."""
-
-    def __init__(self, root: Path, model: Path, log: Path) -> None:
-        self.root, self.model, self.log = root, model, log
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    def start(self) -> None:
-        env = {**os.environ, "RLCOACH_API_KEY": KEY, "OMP_NUM_THREADS": "1"}
-        command = [
-            sys.executable,
-            *("-m", "rlcoach.cli", "-v", "serve", "--engine", "transformers-process"),
-            *("--base-model", str(self.model), "--root", str(self.root)),
-            *("--port", str(self.port), "--max-model-len", "512"),
-        ]
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"serve exited; see {self.log}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    self.starts += 1
-                    return
-            time.sleep(0.3)
-        raise RuntimeError(f"serve did not start; see {self.log}")
-
-    def engine_pid(self) -> int | None:
-        with contextlib.suppress(httpx.HTTPError, KeyError, ValueError, TypeError):
-            status = httpx.get(
-                self.url + "/rlcoach/v1/status",
-                headers={"Authorization": f"Bearer {KEY}"},
-                timeout=5,
-            ).json()
-            return int(status["engine"]["pid"])
-        return None
-
-    def kill9(self) -> None:
-        assert self.process is not None
-        os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait()
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
 
 
 async def rollout_group(model, size: int, rng: random.Random, counters: dict) -> object:
@@ -172,7 +108,13 @@ async def soak(args: argparse.Namespace) -> dict:
 
     work = Path(tempfile.mkdtemp(prefix="rlcoach-soak-"))
     model_dir = build_tiny_model(work / "tiny-model")
-    serve = Serve(work / "root", model_dir, work / "serve.log")
+    serve = ServeProcess(
+        work / "root",
+        "transformers-process",
+        *("--base-model", str(model_dir), "--max-model-len", "512"),
+        key=KEY,
+        env={"OMP_NUM_THREADS": "1"},
+    )
     serve.start()
     rng = random.Random(args.seed)
     counters = {"serve_kills": 0, "engine_kills": 0, "chat_retries": 0}
@@ -203,8 +145,9 @@ async def soak(args: argparse.Namespace) -> dict:
             await asyncio.sleep(rng.uniform(0.0, 2.0))
             await asyncio.to_thread(serve.start)
         else:
-            pid = await asyncio.to_thread(serve.engine_pid)
-            if pid is None:
+            try:
+                pid = await asyncio.to_thread(serve.engine_pid)
+            except Exception:  # the server is restarting: no engine to kill now
                 return
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -235,8 +178,7 @@ async def soak(args: argparse.Namespace) -> dict:
                 flush=True,
             )
     rss_end = rss_mib(serve.process.pid)
-    engine_pid = serve.engine_pid()
-    engine_rss = rss_mib(engine_pid) if engine_pid else 0.0
+    engine_rss = rss_mib(serve.engine_pid())
     serve_pid_end = serve.process.pid
     await backend.close()
     # A last restart, as a user would after the run: the model registers again (removing
