@@ -21,10 +21,12 @@ from tiny_llama import tiny_groups
 
 from rlcoach import LocalBackend, TrainableModel
 from rlcoach.config import TrainConfig
-from rlcoach.errors import TrainerError
+from rlcoach.errors import CheckpointError, TrainerError
 from rlcoach.hardware import CPU_BF16_ENV, fast_bf16
+from rlcoach.trainer.base import StepStats, Trainer
+from rlcoach.trainer.checkpoint import OPTIMIZER_FILE
 from rlcoach.trainer.distributed import DistributedTrainer
-from rlcoach.trainer.lora import OPTIMIZER_FILE, LoraTrainer, StepStats
+from rlcoach.trainer.lora import LoraTrainer
 from rlcoach.trainer.ranks import split_by_tokens
 from rlcoach.trainer.sequences import TrainSequence
 
@@ -146,6 +148,19 @@ def test_checkpoint_is_written_once_and_resumes(tiny_model, ranks, fp32, tmp_pat
     assert set(state["state"]) == set(single_state["state"])
     assert state["state"][0]["exp_avg"].shape == single_state["state"][0]["exp_avg"].shape
 
+    # One loader: the ranks refuse what the single process refuses, with the same error.
+    other = LoraTrainer(tiny_model, CONFIG.model_copy(update={"lora": {"rank": 4}}), "cpu")
+    other.save(tmp_path / "rank-4")
+    for folder, match in [
+        (tmp_path / "nowhere", "has no adapter_model.safetensors; fix:"),
+        (tmp_path / "rank-4", r"has shape \(4, 64\) in the checkpoint and \(8, 64\).*fix:"),
+    ]:
+        with pytest.raises(CheckpointError, match=match) as single_error:
+            LoraTrainer(tiny_model, CONFIG, device="cpu").load(folder)
+        with pytest.raises(CheckpointError) as ranks_error:
+            ranks.load(folder)
+        assert str(ranks_error.value) == str(single_error.value)
+
     # The single process's checkpoint loaded into the ranks; both take the same next step.
     ranks.load(tmp_path / "single")
     next_groups = tiny_groups(2)
@@ -178,7 +193,7 @@ async def test_a_killed_rank_fails_the_next_step_clearly_and_is_replaced(tiny_mo
     model = TrainableModel("tiny", "distributed", config=CONFIG)
     try:
         trainer = backend._trainer(model)
-        assert isinstance(trainer, DistributedTrainer)
+        assert isinstance(trainer, DistributedTrainer) and isinstance(trainer, Trainer)
         assert trainer.log_file.parent == tmp_path / "logs"
         expected = LoraTrainer(tiny_model, CONFIG, device="cpu").step(tiny_groups(3))
         _assert_stats_agree(trainer.step(tiny_groups(3)), expected)
