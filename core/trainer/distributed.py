@@ -72,12 +72,19 @@ from rlcoach.processes import parent_death_signal
 from rlcoach.trainer.base import StepStats
 from rlcoach.types import TrajectoryGroup
 
-__all__ = ["DistributedTrainer"]
+__all__ = ["RANK_MODULE", "DistributedTrainer"]
 
 logger = logging.getLogger(__name__)
 
 _ERROR_LINE = re.compile(r"(\[rank\d+\]: )?[\w.]*(Error|Exception)\b")
 """An exception's last line in the ranks' log (torchrun prefixes `[rank<n>]: `)."""
+
+RANK_MODULE = "rlcoach.trainer.ranks"
+"""The module torchrun runs in each rank (`-m`); its name in a process's command line is
+also how `_stop` recognises a leftover rank as one of ours before killing it."""
+
+_STOP_GRACE_S = 15.0
+"""Seconds torchrun gets to stop its ranks after SIGTERM before it is killed."""
 
 _PASSED_ON = {
     "TrainingDataError": TrainingDataError,
@@ -140,7 +147,7 @@ class DistributedTrainer:
             "--max-restarts",
             "0",
             "-m",
-            "rlcoach.trainer.ranks",
+            RANK_MODULE,
             "--model",
             str(model_path),
             "--config",
@@ -317,13 +324,13 @@ class DistributedTrainer:
         if self._process.poll() is None:
             self._process.send_signal(signal.SIGTERM)
             try:
-                self._process.wait(timeout=15)
+                self._process.wait(timeout=_STOP_GRACE_S)
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait()
         for pid in self.worker_pids:  # a rank torchrun could not stop (checked: still ours)
             try:
-                if b"rlcoach.trainer.ranks" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if RANK_MODULE.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
                     os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass

@@ -10,10 +10,12 @@ the dtype `rlcoach.hardware` decides, with that dtype's tolerance (`_assert_stat
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,9 +25,11 @@ from rlcoach import LocalBackend, TrainableModel
 from rlcoach.config import TrainConfig
 from rlcoach.errors import CheckpointError, TrainerError
 from rlcoach.hardware import CPU_BF16_ENV, fast_bf16
+from rlcoach.trainer import distributed
+from rlcoach.trainer import ranks as ranks_module
 from rlcoach.trainer.base import StepStats, Trainer
 from rlcoach.trainer.checkpoint import OPTIMIZER_FILE
-from rlcoach.trainer.distributed import DistributedTrainer
+from rlcoach.trainer.distributed import RANK_MODULE, DistributedTrainer
 from rlcoach.trainer.lora import LoraTrainer
 from rlcoach.trainer.ranks import split_by_tokens
 from rlcoach.trainer.sequences import TrainSequence
@@ -210,3 +214,52 @@ async def test_a_killed_rank_fails_the_next_step_clearly_and_is_replaced(tiny_mo
     finally:
         await backend.close()
     assert replacement.closed
+
+
+IGNORE_SIGTERM = """
+import os, signal
+if "RANK" in os.environ:  # torchrun's workers, not torchrun itself
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie does not: it only waits to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_hung_rank_that_ignores_sigterm_is_killed(tiny_model, tmp_path, monkeypatch):
+    """Rank 0 ignores SIGTERM, through the one seam here: a `sitecustomize` on the ranks'
+    PYTHONPATH (torchrun's workers only); rank 1 hangs (SIGSTOP), so the step runs past
+    its timeout. The driver then stops torchrun, which cannot stop the ranks, kills it
+    after its grace (shortened to 1 s), and kills each rank still running, recognised by
+    the module torchrun launched in its command line."""
+    (tmp_path / "sitecustomize.py").write_text(IGNORE_SIGTERM)
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    monkeypatch.setattr(distributed, "_STOP_GRACE_S", 1.0)
+    trainer = DistributedTrainer(
+        tiny_model, CONFIG, ranks=2, env={"PYTHONPATH": path}, call_timeout_s=1
+    )
+    pids = trainer.worker_pids
+    try:
+        assert ranks_module.__name__ == RANK_MODULE
+        assert all(RANK_MODULE.encode() in Path(f"/proc/{p}/cmdline").read_bytes() for p in pids)
+        os.kill(pids[0], signal.SIGTERM)
+        time.sleep(0.5)
+        assert _alive(pids[0]), "the seam did not make rank 0 ignore SIGTERM"
+        os.kill(pids[1], signal.SIGSTOP)
+        with pytest.raises(TrainerError, match="during step: it ran past its timeout"):
+            trainer.step(tiny_groups(0))
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in pids), "a rank outlived its trainer"
+    finally:
+        trainer.close()
+        for pid in pids:  # a failed run leaves nothing behind either
+            with contextlib.suppress(OSError):
+                if RANK_MODULE.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGKILL)
