@@ -22,7 +22,7 @@ import torch
 from tiny_llama import tiny_groups
 
 from rlcoach import LocalBackend, TrainableModel
-from rlcoach.config import TrainConfig
+from rlcoach.config import LoraConfig, TrainConfig
 from rlcoach.errors import CheckpointError, TrainerError
 from rlcoach.hardware import CPU_BF16_ENV, fast_bf16
 from rlcoach.trainer import distributed
@@ -153,7 +153,7 @@ def test_checkpoint_is_written_once_and_resumes(tiny_model, ranks, fp32, tmp_pat
     assert state["state"][0]["exp_avg"].shape == single_state["state"][0]["exp_avg"].shape
 
     # One loader: the ranks refuse what the single process refuses, with the same error.
-    other = LoraTrainer(tiny_model, CONFIG.model_copy(update={"lora": {"rank": 4}}), "cpu")
+    other = LoraTrainer(tiny_model, CONFIG.model_copy(update={"lora": LoraConfig(rank=4)}), "cpu")
     other.save(tmp_path / "rank-4")
     for folder, match in [
         (tmp_path / "nowhere", "has no adapter_model.safetensors; fix:"),

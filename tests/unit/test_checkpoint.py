@@ -7,7 +7,7 @@ import pytest
 import torch
 from tiny_llama import tiny_groups
 
-from rlcoach.config import TrainConfig
+from rlcoach.config import LoraConfig, TrainConfig
 from rlcoach.errors import CheckpointError
 from rlcoach.trainer.base import Trainer
 from rlcoach.trainer.checkpoint import ADAPTER_FILE, OPTIMIZER_FILE
@@ -60,14 +60,16 @@ def test_a_checkpoint_of_another_adapter_does_not_fit_and_changes_nothing(
     tiny_model, trained, tmp_path
 ):
     _, folder = trained
-    wider = LoraTrainer(tiny_model, CONFIG.model_copy(update={"lora": {"rank": 4}}), "cpu")
-    before = _state(wider)
+    narrower = LoraTrainer(
+        tiny_model, CONFIG.model_copy(update={"lora": LoraConfig(rank=4)}), "cpu"
+    )
+    before = _state(narrower)
     shapes = r"has shape \(8, 64\) in the checkpoint and \(4, 64\) in the model"
     with pytest.raises(CheckpointError, match=shapes):
-        wider.load(folder)
-    assert all(torch.equal(value, before[key]) for key, value in _state(wider).items())
+        narrower.load(folder)
+    assert all(torch.equal(value, before[key]) for key, value in _state(narrower).items())
     fewer = LoraTrainer(
-        tiny_model, CONFIG.model_copy(update={"lora": {"target_modules": ["q_proj"]}}), "cpu"
+        tiny_model, CONFIG.model_copy(update={"lora": LoraConfig(target_modules=["q_proj"])}), "cpu"
     )
     with pytest.raises(CheckpointError, match=r"adapter weights differ .*fix: load a checkpoint"):
         fewer.load(folder)
