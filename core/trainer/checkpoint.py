@@ -30,6 +30,7 @@ __all__ = [
     "ADAPTER_FILE",
     "OPTIMIZER_FILE",
     "full_tensor",
+    "is_sharded",
     "load_checkpoint",
     "save_optimizer_state",
     "shard_like",
@@ -46,22 +47,30 @@ _DOES_NOT_FIT = (
 )
 
 
-def full_tensor(value: torch.Tensor) -> torch.Tensor:
-    """The whole tensor on the CPU (a collective for a sharded DTensor: every rank calls)."""
+def is_sharded(value: torch.Tensor) -> bool:
+    """Whether `value` is an FSDP2 shard (a DTensor; never on a torch built without
+    distributed support, where the single-process trainer still runs)."""
+    if not torch.distributed.is_available():
+        return False
     from torch.distributed.tensor import DTensor
 
-    whole = value.full_tensor() if isinstance(value, DTensor) else value
+    return isinstance(value, DTensor)
+
+
+def full_tensor(value: torch.Tensor) -> torch.Tensor:
+    """The whole tensor on the CPU (a collective for a sharded DTensor: every rank calls)."""
+    whole = value.full_tensor() if is_sharded(value) else value
     return whole.detach().cpu()
 
 
 def shard_like(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """`whole` as `like` holds it: its dtype and device, and this rank's shard where
     `like` is a DTensor (cut locally: no communication)."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
     whole = whole.to(dtype=like.dtype, device=like.device)
-    if not isinstance(like, DTensor):
+    if not is_sharded(like):
         return whole
+    from torch.distributed.tensor import distribute_tensor
+
     return distribute_tensor(whole, like.device_mesh, like.placements, src_data_rank=None)
 
 

@@ -30,6 +30,7 @@ import torch
 
 from rlcoach.config import TrainConfig
 from rlcoach.trainer.base import StepStats
+from rlcoach.trainer.checkpoint import is_sharded
 from rlcoach.trainer.objective import LossTerms, group_advantages, loss_normalizer, policy_loss
 from rlcoach.trainer.sequences import PackedRow, TrainSequence, build_sequences
 from rlcoach.types import TrajectoryGroup
@@ -130,9 +131,7 @@ def row_loss_terms(
 
 def _as_float(norm: torch.Tensor) -> float:
     """A gradient norm as a number (under FSDP a DTensor: its value is a collective)."""
-    from torch.distributed.tensor import DTensor
-
-    return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    return float(norm.full_tensor() if is_sharded(norm) else norm)
 
 
 def grpo_step(parts: StepParts, groups: list[TrajectoryGroup], c: TrainConfig) -> StepStats:
