@@ -13,7 +13,8 @@ the engine sits idle while the trainer runs.
 The trainer is a `Trainer` (trainer/base.py): `LoraTrainer` in this process, or, where
 the placement names several training GPUs (or `cpu_train_ranks` asks for CPU ranks),
 `DistributedTrainer`: torchrun ranks under FSDP2 (trainer/distributed.py), its workers'
-log under `<root>/logs/`. Ranks that died are replaced at the next step from the latest checkpoint.
+log under `<root>/logs/`. Ranks that died are replaced at the next step from the latest
+checkpoint.
 
 `Backend` is the protocol a `TrainableModel` needs from any backend; `RemoteBackend`
 (remote.py) implements it over HTTP against `rlcoach serve`, so user code switches
