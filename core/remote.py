@@ -24,6 +24,7 @@ import os
 import uuid
 import weakref
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -332,10 +333,9 @@ def _error(response: httpx.Response) -> Exception:
 
 def _step_result(wire: StepResultWire) -> StepResult:
     from rlcoach.backend import StepResult
-    from rlcoach.trainer.lora import StepStats
-    from rlcoach.trainer.sft import SFTStats
+    from rlcoach.trainer.base import SFTStats, StepStats
 
     kind = SFTStats if wire.kind == "sft" else StepStats
-    stats = kind(**{name: wire.stats[name] for name in kind.__slots__})
+    stats = kind(**{field.name: wire.stats[field.name] for field in fields(kind)})
     checkpoint = Path(wire.checkpoint) if wire.checkpoint else None  # relative to the server's root
     return StepResult(wire.step, stats, checkpoint, wire.publish_seconds, wire.save_seconds)
