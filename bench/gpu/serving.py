@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -61,7 +62,9 @@ def _groups(
     return [TrajectoryGroup(trajectories=trajectories)]
 
 
-def _load(url: str, model: str, args: argparse.Namespace, record: bool) -> tuple[float, int]:
+def _load(
+    url: str, model: str, args: argparse.Namespace, record: bool, env: dict[str, str] | None = None
+) -> tuple[float, int]:
     """`--requests` concurrent chat completions of `--max-tokens` tokens (`ignore_eos`),
     sent by the load generator of bench/gateway_overhead.py in a process of its own (in
     this process it would compete with the gateway's thread for the interpreter lock);
@@ -87,7 +90,7 @@ def _load(url: str, model: str, args: argparse.Namespace, record: bool) -> tuple
         "--prompt-words",
         str(args.prompt_words),
     ] + (["--record"] if record else [])
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=env)
     lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
     if not lines:
         raise RuntimeError(f"the load generator failed:\n{done.stderr[-2000:]}")
@@ -192,13 +195,14 @@ async def main(args: argparse.Namespace) -> None:
                     ("gateway, LoRA", backend.url, model.name, False),
                 ]
             warm = argparse.Namespace(**{**vars(args), "requests": 8})
-            await asyncio.to_thread(_load, engine_url, backend.engine.base_name, warm, False)
+            key = {**os.environ, "RLCOACH_BENCH_ENGINE_KEY": backend.engine._key}  # direct calls
+            await asyncio.to_thread(_load, engine_url, backend.engine.base_name, warm, False, key)
             runs: dict[str, list[float]] = {name: [] for name, *_ in modes}
             for round_index in range(args.rounds):
                 for name, url, served, direct in modes:
                     try:
                         seconds, tokens = await asyncio.to_thread(
-                            _load, url, served, args, not direct
+                            _load, url, served, args, not direct, key if direct else None
                         )
                     except Exception:
                         traceback.print_exc()

@@ -7,24 +7,28 @@ the endpoint's CPU (bench/gateway_overhead.py); aiohttp's connector does not, an
 responses in C. aiohttp is a dependency of vLLM, so it is there wherever vLLM is; where
 it is missing the same interface runs on httpx.
 
-`EngineHTTP` keeps connections alive for `keepalive_s` (under vLLM's own 5 s, so a
-connection is never reused at the moment the server closes it) and raises
-`EngineConnectionError` for anything that is not an HTTP answer (refused, reset,
-timed out).
+`EngineHTTP` reaches the server over TCP or, with `uds`, its Unix socket (how
+`EngineProcess` runs engines), sends `headers` (the engine's key) with every request,
+keeps connections alive for `keepalive_s` (under vLLM's own 5 s, so a connection is
+never reused at the moment the server closes it) and raises `EngineConnectionError` for
+anything that is not an HTTP answer (refused, reset, timed out).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from rlcoach import fastjson
+from rlcoach.errors import EngineError
 
 __all__ = ["EngineConnectionError", "EngineHTTP", "EngineResponse"]
 
 
-class EngineConnectionError(Exception):
-    """The engine's server did not answer (connection refused or reset, timeout)."""
+class EngineConnectionError(EngineError):
+    """The engine's server did not answer (connection refused or reset, timeout); the
+    engine's client turns it into an `EngineError` that names the call."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,19 +43,31 @@ class EngineResponse:
     def text(self) -> str:
         return self.content.decode(errors="replace")
 
+    @property
+    def reason_phrase(self) -> str:
+        try:
+            return HTTPStatus(self.status_code).phrase
+        except ValueError:
+            return f"HTTP {self.status_code}"
+
 
 class EngineHTTP:
-    """Requests to one server (`base_url`), over aiohttp where installed, else httpx."""
+    """Requests to one server (`base_url`, or `uds`: its Unix socket), over aiohttp where
+    installed, else httpx."""
 
     def __init__(
         self,
         base_url: str,
         *,
         timeout_s: float,
+        uds: str | None = None,
+        headers: dict[str, str] | None = None,
         max_connections: int = 1024,
         keepalive_s: float = 2.0,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.uds = uds
+        self.headers = dict(headers or {})
         self.timeout_s = timeout_s
         self.max_connections = max_connections
         self.keepalive_s = keepalive_s
@@ -72,25 +88,32 @@ class EngineHTTP:
         if self._aiohttp is not None:
             if self._session is None:
                 aiohttp = self._aiohttp
+                pool = {"limit": self.max_connections, "keepalive_timeout": self.keepalive_s}
+                connector = (
+                    aiohttp.UnixConnector(path=self.uds, **pool)
+                    if self.uds is not None
+                    else aiohttp.TCPConnector(**pool)
+                )
                 self._session = aiohttp.ClientSession(
-                    connector=aiohttp.TCPConnector(
-                        limit=self.max_connections, keepalive_timeout=self.keepalive_s
-                    ),
+                    connector=connector,
                     timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                    headers=self.headers,
                     skip_auto_headers=("User-Agent",),
                 )
             return self._session
         if self._httpx is None:
             import httpx
 
+            limits = httpx.Limits(
+                max_connections=self.max_connections,
+                max_keepalive_connections=256,
+                keepalive_expiry=self.keepalive_s,
+            )
             self._httpx = httpx.AsyncClient(
                 base_url=self.base_url,
+                transport=httpx.AsyncHTTPTransport(uds=self.uds, limits=limits),
+                headers=self.headers,
                 timeout=httpx.Timeout(self.timeout_s),
-                limits=httpx.Limits(
-                    max_connections=self.max_connections,
-                    max_keepalive_connections=256,
-                    keepalive_expiry=self.keepalive_s,
-                ),
             )
         return self._httpx
 
