@@ -198,8 +198,10 @@ async def main(args: argparse.Namespace) -> None:
             key = {**os.environ, "RLCOACH_BENCH_ENGINE_KEY": backend.engine._key}  # direct calls
             await asyncio.to_thread(_load, engine_url, backend.engine.base_name, warm, False, key)
             runs: dict[str, list[float]] = {name: [] for name, *_ in modes}
+            cpus: dict[str, list[float]] = {}
             for round_index in range(args.rounds):
                 for name, url, served, direct in modes:
+                    before = os.times()
                     try:
                         seconds, tokens = await asyncio.to_thread(
                             _load, url, served, args, not direct, key if direct else None
@@ -207,9 +209,15 @@ async def main(args: argparse.Namespace) -> None:
                     except Exception:
                         traceback.print_exc()
                         continue
+                    after = os.times()
+                    # This process holds the gateway (its thread) and the engine client, not
+                    # the load (a child) nor vLLM (a subprocess): its CPU is the endpoint's.
+                    cpu = (after.user - before.user) + (after.system - before.system)
                     runs[name].append(tokens / seconds)
+                    cpus.setdefault(name, []).append(cpu / seconds)
                     print(
-                        f"round {round_index} {name}: {tokens} tokens in {seconds:.2f} s",
+                        f"round {round_index} {name}: {tokens} tokens in {seconds:.2f} s; "
+                        f"this process's CPU {cpu:.2f} s ({cpu / seconds:.0%} of one core)",
                         flush=True,
                     )
     timed = publishes[1:]
@@ -222,7 +230,9 @@ async def main(args: argparse.Namespace) -> None:
         kind = "base" if "base" in name else "LoRA"
         peer = median.get(f"vLLM direct, {kind}")
         ratio = f"{value / peer:.3f} of vLLM direct, {kind}" if peer else ""
-        print(f"  {name:20} {value:9.0f} tok/s   {ratio}")
+        cpu = statistics.median(cpus[name]) if cpus.get(name) else None
+        busy = f"   endpoint process CPU {cpu:.0%} of one core" if cpu is not None else ""
+        print(f"  {name:20} {value:9.0f} tok/s   {ratio}{busy}")
     if "vLLM direct, LoRA" in median and "vLLM direct, base" in median:
         lora_cost = median["vLLM direct, LoRA"] / median["vLLM direct, base"]
         print(f"  LoRA / base (direct): {lora_cost:.3f}")
