@@ -53,7 +53,7 @@ class EngineResponse:
 
 class EngineHTTP:
     """Requests to one server (`base_url`, or `uds`: its Unix socket), over aiohttp where
-    installed, else httpx."""
+    installed (and `use_aiohttp`), else httpx."""
 
     def __init__(
         self,
@@ -64,6 +64,7 @@ class EngineHTTP:
         headers: dict[str, str] | None = None,
         max_connections: int = 1024,
         keepalive_s: float = 2.0,
+        use_aiohttp: bool = True,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.uds = uds
@@ -73,11 +74,14 @@ class EngineHTTP:
         self.keepalive_s = keepalive_s
         self._session: Any = None
         self._httpx: Any = None
-        try:
-            import aiohttp
-        except ImportError:
-            aiohttp = None
-        self._aiohttp = aiohttp
+        self._aiohttp: Any = None
+        if use_aiohttp:
+            try:
+                import aiohttp
+
+                self._aiohttp = aiohttp
+            except ImportError:
+                self._aiohttp = None
 
     @property
     def backend(self) -> str:
