@@ -108,6 +108,15 @@ def reward(text: str) -> float:
     return text.count("e") / max(len(text), 1)
 
 
+def _reply_text(message: Any) -> str:
+    """All the text a reply carries. A reasoning parser (Qwen3's) moves text without a
+    closing think tag into `reasoning_content`: scored on `content` alone, every reply of a
+    random-weight model would score 0, every group would tie and no step would train."""
+    extra = message.model_extra or {}
+    thinking = extra.get("reasoning_content") or extra.get("reasoning") or ""
+    return thinking + (message.content or "")
+
+
 def prompts(args: argparse.Namespace, index: int) -> list[str]:
     """The batch's prompts, the same for every mode and for TRL (seeded by the index)."""
     rng = random.Random(1000 + index)
@@ -336,7 +345,7 @@ async def run_ours(args: argparse.Namespace) -> dict[str, Any]:
                     temperature=1.0,
                     extra_body=extra,
                 )
-                scope.reward = reward(reply.choices[0].message.content or "")
+                scope.reward = reward(_reply_text(reply.choices[0].message))
             return scope.trajectory
 
         async def batch(index: int):
@@ -361,6 +370,8 @@ async def run_ours(args: argparse.Namespace) -> dict[str, Any]:
             )
             failed = [s.error for s in steps if s.error]
             timed = steps[1:]
+            if not any(s.result is not None and s.result.stats.total_tokens for s in timed):
+                failed.append("no timed step trained a token: the train phase is not measured")
             summary = summarize(
                 _segments(steps), sampler, steps[0].train_end, steps[-1].train_end, len(timed)
             )
