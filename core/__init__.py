@@ -37,8 +37,10 @@ from rlcoach.types import (
     SampledChoice,
     Trajectory,
     TrajectoryGroup,
+    Verdict,
     load_groups,
     save_groups,
+    tool_message,
 )
 from rlcoach.usage import ModelUsage
 
@@ -81,6 +83,7 @@ __all__ = [
     "Trajectory",
     "TrajectoryGroup",
     "UnknownModelError",
+    "Verdict",
     "__version__",
     "current_rollout_id",
     "gather_trajectory_groups",
@@ -89,4 +92,5 @@ __all__ = [
     "retry",
     "run_pipeline",
     "save_groups",
+    "tool_message",
 ]

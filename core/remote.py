@@ -24,6 +24,7 @@ import os
 import uuid
 import weakref
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -318,24 +319,25 @@ def _error(response: httpx.Response) -> Exception:
         message, code = response.text[:500], None
     status = response.status_code
     text = f"the server answered {status}: {message}"
+    if status == 400 and code == "invalid_training_data":
+        return TrainingDataError(text)
     if status in (400, 401, 403, 409):
         return ConfigError(text)
     if status == 404 and code == "model_not_found":
         return UnknownModelError(text)
     if status == 413:
         return TrainingDataError(text)
-    retryable = status in (408, 429) or status >= 500
+    retryable = status in (408, 429) or (status >= 500 and status != 507)  # 507: disk full
     return RemoteError(text, status=status, code=code, retryable=retryable)
 
 
 def _step_result(wire: StepResultWire) -> StepResult:
     from rlcoach.backend import StepResult
     from rlcoach.staleness import Staleness
-    from rlcoach.trainer.lora import StepStats
-    from rlcoach.trainer.sft import SFTStats
+    from rlcoach.trainer.base import SFTStats, StepStats
 
     kind = SFTStats if wire.kind == "sft" else StepStats
-    stats = kind(**{name: wire.stats[name] for name in kind.__slots__})
+    stats = kind(**{field.name: wire.stats[field.name] for field in fields(kind)})
     checkpoint = Path(wire.checkpoint) if wire.checkpoint else None  # relative to the server's root
     staleness = Staleness(**wire.staleness) if wire.staleness is not None else None  # type: ignore[arg-type]
     return StepResult(

@@ -50,8 +50,14 @@ class EngineHTTP:
         timeout_s: float,
         max_connections: int = 1024,
         keepalive_s: float = 2.0,
+        uds: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
+        """`uds`: a Unix socket to connect to (`base_url` then only names the host);
+        `headers`: sent with every request (the engine's key)."""
         self.base_url = base_url.rstrip("/")
+        self.uds = uds
+        self.headers = dict(headers or {})
         self.timeout_s = timeout_s
         self.max_connections = max_connections
         self.keepalive_s = keepalive_s
@@ -72,25 +78,32 @@ class EngineHTTP:
         if self._aiohttp is not None:
             if self._session is None:
                 aiohttp = self._aiohttp
+                options = {"limit": self.max_connections, "keepalive_timeout": self.keepalive_s}
+                connector = (
+                    aiohttp.UnixConnector(path=self.uds, **options)
+                    if self.uds is not None
+                    else aiohttp.TCPConnector(**options)
+                )
                 self._session = aiohttp.ClientSession(
-                    connector=aiohttp.TCPConnector(
-                        limit=self.max_connections, keepalive_timeout=self.keepalive_s
-                    ),
+                    connector=connector,
                     timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                    headers=self.headers,
                     skip_auto_headers=("User-Agent",),
                 )
             return self._session
         if self._httpx is None:
             import httpx
 
+            limits = httpx.Limits(
+                max_connections=self.max_connections,
+                max_keepalive_connections=256,
+                keepalive_expiry=self.keepalive_s,
+            )
             self._httpx = httpx.AsyncClient(
+                transport=httpx.AsyncHTTPTransport(uds=self.uds, limits=limits),
                 base_url=self.base_url,
+                headers=self.headers,
                 timeout=httpx.Timeout(self.timeout_s),
-                limits=httpx.Limits(
-                    max_connections=self.max_connections,
-                    max_keepalive_connections=256,
-                    keepalive_expiry=self.keepalive_s,
-                ),
             )
         return self._httpx
 
