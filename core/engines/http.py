@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlcoach import fastjson
+from rlcoach.errors import EngineError
 
 __all__ = ["EngineConnectionError", "EngineHTTP", "EngineResponse"]
 
 
-class EngineConnectionError(Exception):
+class EngineConnectionError(EngineError):
     """The engine's server did not answer (connection refused or reset, timeout)."""
 
 

@@ -9,7 +9,9 @@ code a GPU runs by default, to check its semantics: the bound, the version tags,
 samples dropped, a step failing while the next batch samples, and resume after a restart.
 """
 
+import asyncio
 import json
+import os
 
 import pytest
 
@@ -21,6 +23,7 @@ from rlcoach import (
     load_groups,
     run_pipeline,
 )
+from rlcoach.failpoints import arm
 
 QUESTIONS = ["Name a colour.", "Name a fruit."]
 GROUP = 3
@@ -59,8 +62,14 @@ class Batches:
         groups = await gather_trajectory_groups(
             [[self.one(q, k, served) for k in range(GROUP)] for q in QUESTIONS], progress=False
         )
-        if index in self.poison:  # a token id past the vocabulary: the step raises
-            groups[0].trajectories[0].choices[0].token_ids[0] = 10**7
+        if index in self.poison:
+            # The step of this batch raises once it has trained (a failpoint: bad input is
+            # refused before any step by training_input.py, so it cannot fail a step).
+            for _ in range(3000):  # until the step before it is past the failpoint
+                if self.model.step >= index:
+                    break
+                await asyncio.sleep(0.01)
+            arm(os.environ["RLCOACH_FAILPOINT_DIR"], "step.trained", "raise")
         self.made[index] = groups
         return groups
 
@@ -126,14 +135,17 @@ async def test_samples_older_than_the_bound_are_not_trained(backend, tiny_chat_m
     assert result.staleness.stale_dropped == 0 and model.step == 2
 
 
-async def test_a_step_failing_mid_overlap_loses_nothing(backend, tiny_chat_model):
+async def test_a_step_failing_mid_overlap_loses_nothing(
+    backend, tiny_chat_model, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("RLCOACH_FAILPOINT_DIR", str(tmp_path))
     model = TrainableModel("faulty", "pipeline", base_model=str(tiny_chat_model), config=CONFIG)
     await model.register(backend)
     batches = Batches(model, poison={1})
     steps = await run_pipeline(model, batches, until_step=3, overlap=True)
     assert [s.index for s in steps] == [0, 1, 2]
     failed = steps[1]
-    assert failed.result is None and failed.error  # the trainer met a token past the vocabulary
+    assert failed.result is None and "failpoint step.trained" in failed.error
     # The batch sampled while the failing step ran is trained next, from checkpoint 1.
     assert steps[2].rollout_start < failed.train_end
     assert steps[2].trained_from == 1 and steps[2].result.stats.trajectories == 6
