@@ -7,8 +7,10 @@ A tiny random-weight Llama (the bundled tokenizer and chat template) is served b
 (`--engine transformers-process`). The client is plain user code: rollouts through
 `model.openai_client()` (retried while the server is down), `model.train(groups)` on a
 `RemoteBackend`, which retries one request id until the server answers. Meanwhile:
-- `serve` is killed -9 at random points of the first steps (during rollouts, uploads,
-  training or publishing) and started again on the same root and port;
+- `serve` is killed -9 at random points of the first steps and started again on the same
+  root and port: half of the kills at a random time (during rollouts, uploads, training
+  or publishing), half at a random failpoint of the step (core/failpoints.py: after the
+  optimizer step, after the checkpoint's rename, after the publish, after the commit);
 - the engine is killed -9 at random points of all the steps (the supervisor restarts it).
 `serve` is never killed after the first `--serve-kill-steps`, so the process that serves
 step 10 serves to the end, and its memory can be compared.
@@ -37,6 +39,8 @@ import time
 from pathlib import Path
 
 from served import ServeProcess  # bench/served.py
+
+from rlcoach.failpoints import FOLDER_VARIABLE, POINTS, arm
 
 KEY = "soak-" + os.urandom(8).hex()
 START = "<!-- soak:start (written by bench/soak_serve.py --doc) -->"
@@ -108,12 +112,13 @@ async def soak(args: argparse.Namespace) -> dict:
 
     work = Path(tempfile.mkdtemp(prefix="rlcoach-soak-"))
     model_dir = build_tiny_model(work / "tiny-model")
+    failpoints = work / "failpoints"
     serve = ServeProcess(
         work / "root",
         "transformers-process",
         *("--base-model", str(model_dir), "--max-model-len", "512"),
         key=KEY,
-        env={"OMP_NUM_THREADS": "1"},
+        env={"OMP_NUM_THREADS": "1", FOLDER_VARIABLE: str(failpoints)},
     )
     serve.start()
     rng = random.Random(args.seed)
@@ -135,6 +140,17 @@ async def soak(args: argparse.Namespace) -> dict:
 
     async def kill_later(step: int, what: str, delay: float) -> None:
         nonlocal restarting
+        if what.startswith("serve at "):  # a failpoint: serve kills itself there
+            point = what.removeprefix("serve at ")
+            arm(failpoints, point, "kill")
+            process = serve.process
+            assert process is not None
+            await asyncio.to_thread(process.wait, 600)
+            counters["serve_kills"] += 1
+            kills.append(f"step {step}: serve at {point}")
+            await asyncio.sleep(rng.uniform(0.0, 2.0))
+            await asyncio.to_thread(serve.start)
+            return
         await asyncio.sleep(delay)
         if what == "serve":
             if serve.process is None or serve.process.poll() is not None:
@@ -159,7 +175,8 @@ async def soak(args: argparse.Namespace) -> dict:
     for step in range(1, args.steps + 1):
         chaos = []
         if step in serve_steps:
-            chaos.append(asyncio.create_task(kill_later(step, "serve", rng.uniform(0.0, 3.0))))
+            what = "serve" if rng.random() < 0.5 else "serve at " + rng.choice(POINTS[:4])
+            chaos.append(asyncio.create_task(kill_later(step, what, rng.uniform(0.0, 3.0))))
         if step in engine_steps:
             chaos.append(asyncio.create_task(kill_later(step, "engine", rng.uniform(0.0, 3.0))))
         groups = [await rollout_group(model, args.group_size, rng, counters) for _ in range(2)]
@@ -275,7 +292,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=110)
     parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--serve-kills", type=int, default=5)
+    parser.add_argument("--serve-kills", type=int, default=6)
     parser.add_argument("--serve-kill-steps", type=int, default=9)
     parser.add_argument("--engine-kills", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)

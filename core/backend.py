@@ -517,8 +517,11 @@ class LocalBackend:
             )
         timings: dict[str, float] = {}
         try:
-            async with self._leased_trainer(model) as lease:
+            async with contextlib.AsyncExitStack() as held:
+                # The trainer is made while a colocated engine sleeps (GPU memory) and
+                # held until the step is committed or rolled back.
                 async with self._engine_asleep(timings):
+                    lease = await held.enter_async_context(self._leased_trainer(model))
                     stats = await asyncio.to_thread(lease.trainer.step, fresh, train_config)
                 failpoint("step.trained")
                 if stats.trained:
@@ -663,10 +666,11 @@ class LocalBackend:
         sequences = await asyncio.to_thread(sft_sequences, items, tokenizer)
         timings: dict[str, float] = {}
         try:
-            async with self._leased_trainer(model) as lease:
-                trainer = lease.trainer
-                assert isinstance(trainer, LoraTrainer)  # one training rank: checked above
-                async with self._engine_asleep(timings):
+            async with contextlib.AsyncExitStack() as held:
+                async with self._engine_asleep(timings):  # the trainer made while it sleeps
+                    lease = await held.enter_async_context(self._leased_trainer(model))
+                    trainer = lease.trainer
+                    assert isinstance(trainer, LoraTrainer)  # one training rank: checked above
                     stats = await asyncio.to_thread(
                         sft_train, trainer, sequences, sft_config, len(items), progress
                     )
