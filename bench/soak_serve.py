@@ -103,6 +103,10 @@ async def rollout_group(model, size: int, rng: random.Random, counters: dict) ->
             except Exception:
                 counters["chat_retries"] += 1
                 await asyncio.sleep(0.5)
+                # A restarted server knows a model again only once the client registers
+                # it (or trains it): until then its chats answer 404 model_not_found.
+                with contextlib.suppress(Exception):
+                    await model.register(model.backend)
         trajectories.append(rollout.trajectory)
     return TrajectoryGroup(trajectories)
 
@@ -133,7 +137,7 @@ async def soak(args: argparse.Namespace) -> dict:
         except Exception:
             await asyncio.sleep(0.5)
     uploaded: list[list[str]] = []  # trajectory ids per train call, in order
-    rss_after_10 = 0.0
+    rss_after_10 = rss_after_30 = 0.0
     pid_at_10 = 0
     restarting: asyncio.Task | None = None
     started = time.monotonic()
@@ -188,6 +192,8 @@ async def soak(args: argparse.Namespace) -> dict:
         if step == 10:
             rss_after_10 = rss_mib(serve.process.pid)
             pid_at_10 = serve.process.pid
+        if step == 30:
+            rss_after_30 = rss_mib(serve.process.pid)
         if step % 10 == 0:
             print(
                 f"step {step}: {time.monotonic() - started:.0f} s, serve RSS "
@@ -212,6 +218,7 @@ async def soak(args: argparse.Namespace) -> dict:
         steps=args.steps,
         wall_s=round(time.monotonic() - started),
         serve_rss_after_step_10_mib=round(rss_after_10, 1),
+        serve_rss_after_step_30_mib=round(rss_after_30, 1),
         serve_rss_end_mib=round(rss_end, 1),
         serve_rss_growth=round(rss_end / rss_after_10 - 1, 4) if rss_after_10 else None,
         engine_rss_end_mib=round(engine_rss, 1),
