@@ -42,14 +42,29 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 STANDIN = HERE / "standin_vllm.py"
+KEY_VARIABLE = "RLCOACH_BENCH_ENGINE_KEY"
+"""The load generator sends this key as a Bearer token (set it to the engine's key for
+calls straight to an engine that rlcoach started: those need its key)."""
+
+
+def engine_key_env(engine: object) -> dict[str, str]:
+    """The environment for a load generator that calls `engine` directly."""
+    return {**os.environ, KEY_VARIABLE: getattr(engine, "_key", "")}
 
 
 # -- the load generator (its own process) ------------------------------------------------
 
 
+async def _connect(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to `url`: `http://host:port`, or `unix:/path` (an engine's socket)."""
+    if url.startswith("unix:"):
+        return await asyncio.open_unix_connection(url.removeprefix("unix:"))
+    host, _, port = url.removeprefix("http://").partition(":")
+    return await asyncio.open_connection(host, int(port))
+
+
 async def _worker(
-    host: str,
-    port: int,
+    url: str,
     request: bytes,
     start: float,
     stop: float,
@@ -58,7 +73,7 @@ async def _worker(
 ) -> None:
     """Send `request` on one keep-alive connection until `stop`, or, with `left` (a
     shared count), until the count is used up."""
-    reader, writer = await asyncio.open_connection(host, port)
+    reader, writer = await _connect(url)
     try:
         while left[0] > 0 if left is not None else time.perf_counter() < stop:
             if left is not None:
@@ -98,7 +113,7 @@ def _prompt(words: int) -> str:
 
 
 async def _load(args: argparse.Namespace) -> dict[str, float]:
-    host, _, port = args.url.removeprefix("http://").partition(":")
+    host = "engine" if args.url.startswith("unix:") else args.url.removeprefix("http://")
     body = {
         "model": args.model,
         "messages": [{"role": "user", "content": _prompt(args.prompt_words)}],
@@ -113,6 +128,8 @@ async def _load(args: argparse.Namespace) -> dict[str, float]:
         body["ignore_eos"] = True
     payload = json.dumps(body).encode()
     header = f"X-RLCoach-Rollout: bench-{os.getpid()}\r\n" if args.record else ""
+    if key := os.environ.get(KEY_VARIABLE):  # a direct call to an engine started by rlcoach
+        header += f"Authorization: Bearer {key}\r\n"
     request = (
         f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n{header}\r\n"
@@ -123,10 +140,7 @@ async def _load(args: argparse.Namespace) -> dict[str, float]:
     start = now if left else now + args.warmup_s
     stop = start + args.seconds
     await asyncio.gather(
-        *(
-            _worker(host, int(port), request, start, stop, latencies, left)
-            for _ in range(args.concurrency)
-        )
+        *(_worker(args.url, request, start, stop, latencies, left) for _ in range(args.concurrency))
     )
     seconds = time.perf_counter() - now if left else args.seconds
     latencies.sort()
@@ -159,8 +173,8 @@ def _standin_backend(root: Path, tokens: int):
     from rlcoach.engines.vllm import VLLMEngine
 
     class StandInVLLM(VLLMEngine):
-        def command(self) -> list[str]:
-            args = super().command()[3:]  # drop `-m vllm.entrypoints.openai.api_server`
+        def command(self, socket_path: Path) -> list[str]:
+            args = super().command(socket_path)[3:]  # drop `-m vllm.entrypoints...`
             return [sys.executable, str(STANDIN), *args, "--completion-tokens", str(tokens)]
 
     class StandInBackend(LocalBackend):
@@ -207,7 +221,14 @@ def print_profile(raw: Path, top: int = 18) -> None:
         print(f"  {100 * count / samples:5.1f}%  {frame[:140]}")
 
 
-def _run_load(url: str, model: str, hold_s: float, record: bool, args: argparse.Namespace):
+def _run_load(
+    url: str,
+    model: str,
+    hold_s: float,
+    record: bool,
+    args: argparse.Namespace,
+    env: dict[str, str] | None = None,
+):
     command = [
         sys.executable,
         __file__,
@@ -226,7 +247,9 @@ def _run_load(url: str, model: str, hold_s: float, record: bool, args: argparse.
         str(hold_s),
     ] + (["--record"] if record else [])
     cpu = os.times()
-    done = subprocess.run(command, capture_output=True, text=True, timeout=args.seconds + 120)
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=args.seconds + 120, env=env
+    )
     used = os.times()
     lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
     if not lines:
@@ -273,7 +296,13 @@ async def bench(args: argparse.Namespace) -> dict[str, dict[str, float]]:
                         ):
                             spy = _profile(args.seconds, root / "profile.txt")
                         result = await asyncio.to_thread(
-                            _run_load, url, served[path], hold, path == "endpoint", args
+                            _run_load,
+                            url,
+                            served[path],
+                            hold,
+                            path == "endpoint",
+                            args,
+                            engine_key_env(backend.engine) if path == "direct" else None,
                         )
                         if spy is not None:
                             await asyncio.to_thread(spy.wait)

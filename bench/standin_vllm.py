@@ -19,6 +19,10 @@ Two users:
 Completions are `--completion-tokens` tokens long, or `max_tokens` if smaller; token ids
 are drawn from `--vocab` deterministically, each with log-prob -1.0.
 
+Like vLLM it listens on `--uds` (a Unix socket, as rlcoach starts engines) or
+`--host`/`--port`, and, where `VLLM_API_KEY` is set, answers a `/v1` request without
+`Authorization: Bearer <key>` with 401.
+
   python bench/standin_vllm.py --port 8001 --served-model-name base [--enable-sleep-mode]
 """
 
@@ -57,6 +61,8 @@ class StandIn:
         self._bodies: dict[tuple[str, int], bytes] = {}
         self.random = random.Random(0)
         self._served = 0
+        key = os.environ.get("VLLM_API_KEY")
+        self.authorization = f"Bearer {key}".encode() if key else None
 
     def completion(self, model: str, tokens: int, prompt_tokens: int) -> bytes:
         """The response body for `tokens` sampled tokens (cached per model and length)."""
@@ -116,7 +122,14 @@ class StandIn:
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        status, payload = await self.route(scope["method"], scope["path"], scope, body)
+        if self.authorization is not None and scope["path"].startswith("/v1"):
+            given = dict(scope["headers"]).get(b"authorization")
+            if given != self.authorization:
+                status, payload = 401, b'{"error":"Unauthorized"}'
+            else:
+                status, payload = await self.route(scope["method"], scope["path"], scope, body)
+        else:
+            status, payload = await self.route(scope["method"], scope["path"], scope, body)
         await send(
             {
                 "type": "http.response.start",
@@ -197,7 +210,8 @@ class StandIn:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--port", type=int, default=8001)
+    parser.add_argument("--uds", help="listen on this Unix socket instead of --host/--port")
     parser.add_argument("--served-model-name", default="standin")
     parser.add_argument("--enable-sleep-mode", action="store_true")
     parser.add_argument("--completion-tokens", type=int, default=16)
@@ -216,6 +230,7 @@ def main() -> None:
         StandIn(args),
         host=args.host,
         port=args.port,
+        uds=args.uds,
         log_level="warning",
         access_log=False,
         lifespan="off",

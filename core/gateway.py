@@ -85,22 +85,22 @@ class Recorder:
         self.ttl_s = ttl_s
         self._lock = threading.Lock()
         # Ordered by last touch, so the expired and the least recent are at the front.
-        # A response is a dict, or (raw JSON bytes, keys to add) from `add_raw`.
+        # A response is a dict, or (raw JSON, keys to add) from `add_raw`.
         self._exchanges: OrderedDict[str, tuple[float, list[tuple[dict[str, Any], Any]]]] = (
             OrderedDict()
         )
         self._dropped: Counter[str] = Counter()
 
     def add(self, rollout_id: str, request: dict[str, Any], response: dict[str, Any]) -> None:
-        self._add(rollout_id, request, response)
+        self._keep(rollout_id, request, response)
 
     def add_raw(
         self, rollout_id: str, request: dict[str, Any], raw: bytes, extra: dict[str, Any]
     ) -> None:
         """Keep a response as its JSON bytes, with `extra` keys added when parsed."""
-        self._add(rollout_id, request, (raw, extra))
+        self._keep(rollout_id, request, (raw, extra))
 
-    def _add(self, rollout_id: str, request: dict[str, Any], response: Any) -> None:
+    def _keep(self, rollout_id: str, request: dict[str, Any], response: Any) -> None:
         now = time.monotonic()
         with self._lock:
             self._expire(now)
@@ -306,8 +306,9 @@ class Gateway:
             except ValueError:
                 response = None
             if not isinstance(response, dict):
-                problem = f"the engine answered a chat with a body that is not JSON: {raw[:200]!r}"
-                return _unavailable(EngineError(problem))
+                return _unavailable(
+                    EngineError(f"the engine answered a chat completion with {raw[:200]!r}")
+                )
             response["model"] = served
             renamed = fastjson.dumps(response)
         rollout_id = request.headers.get(ROLLOUT_HEADER)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -61,7 +62,9 @@ def _groups(
     return [TrajectoryGroup(trajectories=trajectories)]
 
 
-def _load(url: str, model: str, args: argparse.Namespace, record: bool) -> tuple[float, int]:
+def _load(
+    url: str, model: str, args: argparse.Namespace, record: bool, env: dict[str, str] | None = None
+) -> tuple[float, int]:
     """`--requests` concurrent chat completions of `--max-tokens` tokens (`ignore_eos`),
     sent by the load generator of bench/gateway_overhead.py in a process of its own (in
     this process it would compete with the gateway's thread for the interpreter lock);
@@ -87,7 +90,7 @@ def _load(url: str, model: str, args: argparse.Namespace, record: bool) -> tuple
         "--prompt-words",
         str(args.prompt_words),
     ] + (["--record"] if record else [])
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=env)
     lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
     if not lines:
         raise RuntimeError(f"the load generator failed:\n{done.stderr[-2000:]}")
@@ -192,20 +195,29 @@ async def main(args: argparse.Namespace) -> None:
                     ("gateway, LoRA", backend.url, model.name, False),
                 ]
             warm = argparse.Namespace(**{**vars(args), "requests": 8})
-            await asyncio.to_thread(_load, engine_url, backend.engine.base_name, warm, False)
+            key = {**os.environ, "RLCOACH_BENCH_ENGINE_KEY": backend.engine._key}  # direct calls
+            await asyncio.to_thread(_load, engine_url, backend.engine.base_name, warm, False, key)
             runs: dict[str, list[float]] = {name: [] for name, *_ in modes}
+            cpus: dict[str, list[float]] = {}
             for round_index in range(args.rounds):
                 for name, url, served, direct in modes:
+                    before = os.times()
                     try:
                         seconds, tokens = await asyncio.to_thread(
-                            _load, url, served, args, not direct
+                            _load, url, served, args, not direct, key if direct else None
                         )
                     except Exception:
                         traceback.print_exc()
                         continue
+                    after = os.times()
+                    # This process holds the gateway (its thread) and the engine client, not
+                    # the load (a child) nor vLLM (a subprocess): its CPU is the endpoint's.
+                    cpu = (after.user - before.user) + (after.system - before.system)
                     runs[name].append(tokens / seconds)
+                    cpus.setdefault(name, []).append(cpu / seconds)
                     print(
-                        f"round {round_index} {name}: {tokens} tokens in {seconds:.2f} s",
+                        f"round {round_index} {name}: {tokens} tokens in {seconds:.2f} s; "
+                        f"this process's CPU {cpu:.2f} s ({cpu / seconds:.0%} of one core)",
                         flush=True,
                     )
     timed = publishes[1:]
@@ -218,7 +230,9 @@ async def main(args: argparse.Namespace) -> None:
         kind = "base" if "base" in name else "LoRA"
         peer = median.get(f"vLLM direct, {kind}")
         ratio = f"{value / peer:.3f} of vLLM direct, {kind}" if peer else ""
-        print(f"  {name:20} {value:9.0f} tok/s   {ratio}")
+        cpu = statistics.median(cpus[name]) if cpus.get(name) else None
+        busy = f"   endpoint process CPU {cpu:.0%} of one core" if cpu is not None else ""
+        print(f"  {name:20} {value:9.0f} tok/s   {ratio}{busy}")
     if "vLLM direct, LoRA" in median and "vLLM direct, base" in median:
         lora_cost = median["vLLM direct, LoRA"] / median["vLLM direct, base"]
         print(f"  LoRA / base (direct): {lora_cost:.3f}")

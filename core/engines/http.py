@@ -7,15 +7,17 @@ the endpoint's CPU (bench/gateway_overhead.py); aiohttp's connector does not, an
 responses in C. aiohttp is a dependency of vLLM, so it is there wherever vLLM is; where
 it is missing the same interface runs on httpx.
 
-`EngineHTTP` keeps connections alive for `keepalive_s` (under vLLM's own 5 s, so a
-connection is never reused at the moment the server closes it) and raises
-`EngineConnectionError` for anything that is not an HTTP answer (refused, reset,
-timed out).
+`EngineHTTP` reaches the server over TCP or, with `uds`, its Unix socket (how
+`EngineProcess` runs engines), sends `headers` (the engine's key) with every request,
+keeps connections alive for `keepalive_s` (under vLLM's own 5 s, so a connection is
+never reused at the moment the server closes it) and raises `EngineConnectionError` for
+anything that is not an HTTP answer (refused, reset, timed out).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from rlcoach import fastjson
@@ -25,7 +27,8 @@ __all__ = ["EngineConnectionError", "EngineHTTP", "EngineResponse"]
 
 
 class EngineConnectionError(EngineError):
-    """The engine's server did not answer (connection refused or reset, timeout)."""
+    """The engine's server did not answer (connection refused or reset, timeout); the
+    engine's client turns it into an `EngineError` that names the call."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,22 +43,29 @@ class EngineResponse:
     def text(self) -> str:
         return self.content.decode(errors="replace")
 
+    @property
+    def reason_phrase(self) -> str:
+        try:
+            return HTTPStatus(self.status_code).phrase
+        except ValueError:
+            return f"HTTP {self.status_code}"
+
 
 class EngineHTTP:
-    """Requests to one server (`base_url`), over aiohttp where installed, else httpx."""
+    """Requests to one server (`base_url`, or `uds`: its Unix socket), over aiohttp where
+    installed (and `use_aiohttp`), else httpx."""
 
     def __init__(
         self,
         base_url: str,
         *,
         timeout_s: float,
-        max_connections: int = 1024,
-        keepalive_s: float = 2.0,
         uds: str | None = None,
         headers: dict[str, str] | None = None,
+        max_connections: int = 1024,
+        keepalive_s: float = 2.0,
+        use_aiohttp: bool = True,
     ) -> None:
-        """`uds`: a Unix socket to connect to (`base_url` then only names the host);
-        `headers`: sent with every request (the engine's key)."""
         self.base_url = base_url.rstrip("/")
         self.uds = uds
         self.headers = dict(headers or {})
@@ -64,11 +74,14 @@ class EngineHTTP:
         self.keepalive_s = keepalive_s
         self._session: Any = None
         self._httpx: Any = None
-        try:
-            import aiohttp
-        except ImportError:
-            aiohttp = None
-        self._aiohttp = aiohttp
+        self._aiohttp: Any = None
+        if use_aiohttp:
+            try:
+                import aiohttp
+
+                self._aiohttp = aiohttp
+            except ImportError:
+                self._aiohttp = None
 
     @property
     def backend(self) -> str:
@@ -79,11 +92,11 @@ class EngineHTTP:
         if self._aiohttp is not None:
             if self._session is None:
                 aiohttp = self._aiohttp
-                options = {"limit": self.max_connections, "keepalive_timeout": self.keepalive_s}
+                pool = {"limit": self.max_connections, "keepalive_timeout": self.keepalive_s}
                 connector = (
-                    aiohttp.UnixConnector(path=self.uds, **options)
+                    aiohttp.UnixConnector(path=self.uds, **pool)
                     if self.uds is not None
-                    else aiohttp.TCPConnector(**options)
+                    else aiohttp.TCPConnector(**pool)
                 )
                 self._session = aiohttp.ClientSession(
                     connector=connector,
@@ -101,8 +114,8 @@ class EngineHTTP:
                 keepalive_expiry=self.keepalive_s,
             )
             self._httpx = httpx.AsyncClient(
-                transport=httpx.AsyncHTTPTransport(uds=self.uds, limits=limits),
                 base_url=self.base_url,
+                transport=httpx.AsyncHTTPTransport(uds=self.uds, limits=limits),
                 headers=self.headers,
                 timeout=httpx.Timeout(self.timeout_s),
             )

@@ -20,6 +20,8 @@ Choices, and why:
   `rlcoach serve` leaves no engine behind.
 - A start that times out kills what it started but keeps the client, so the supervisor's
   next `restart()` can succeed.
+- The client is `EngineHTTP` (http.py: aiohttp where installed), and `chat_bytes` hands
+  the gateway the engine's answer as bytes: every rollout's call crosses this hop.
 """
 
 from __future__ import annotations
@@ -58,9 +60,11 @@ def child_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _error_body(response: EngineResponse) -> dict[str, Any]:
+def _error_body(response: Any) -> dict[str, Any]:
     """The engine's refusal as an OpenAI-shaped body, whatever it sent (vLLM answers some
-    errors as plain text or as `{"error": "Unauthorized"}`)."""
+    errors as plain text or as `{"error": "Unauthorized"}`). `response` is an
+    `EngineResponse` (or anything with its `status_code`, `json()`, `text` and
+    `reason_phrase`)."""
     try:
         data = response.json()
     except ValueError:
@@ -68,7 +72,7 @@ def _error_body(response: EngineResponse) -> dict[str, Any]:
     if isinstance(data, dict) and isinstance(data.get("error"), dict):
         return data
     message = data.get("error") if isinstance(data, dict) else None
-    text = str(message) if message else response.text[:500] or f"HTTP {response.status_code}"
+    text = str(message) if message else response.text[:500] or response.reason_phrase
     kind = "invalid_request_error" if response.status_code < 500 else "server_error"
     return {"error": {"message": f"the engine said: {text}", "type": kind, "param": None}}
 
@@ -143,15 +147,14 @@ class EngineProcess:
             # Closing waits for nothing here: its connections went with the old process.
             task = asyncio.get_running_loop().create_task(old.aclose())
             task.add_done_callback(lambda t: t.exception())
-        # Every rollout's call crosses this client (http.py: aiohttp where installed).
         # Idle connections are dropped well before the server's 5 s keep-alive closes
         # them: reusing one the server closes at that moment fails the request.
         self._client = EngineHTTP(
             "http://engine",
-            timeout_s=self.config.request_timeout_s,
-            keepalive_s=2.0,
             uds=str(self.socket_path),
             headers={"Authorization": f"Bearer {self._key}"},
+            timeout_s=self.config.request_timeout_s,
+            keepalive_s=2.0,
         )
 
     async def _launch(self) -> None:
@@ -222,17 +225,28 @@ class EngineProcess:
             return False
         return response.status_code == 200
 
-    async def _post(self, path: str, payload: dict[str, Any]) -> EngineResponse:
+    async def _post(
+        self, path: str, payload: dict[str, Any] | None = None, **options: Any
+    ) -> EngineResponse:
         self._alive()
         assert self._client is not None
         try:
-            return await self._client.request("POST", path, json=payload)
+            return await self._client.request("POST", path, json=payload, **options)
         except EngineConnectionError as e:
             self._alive()  # a crash explains the failure better than the socket error
             raise EngineError(f"the {self.NAME} did not answer {path}: {e!r}") from e
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        raw = await self.chat_bytes(body)
+        return self._chat_object(await self.chat_bytes(body))
+
+    async def chat_bytes(self, body: dict[str, Any]) -> bytes:
+        """The answer as the engine's JSON bytes (the gateway passes them on unparsed)."""
+        response = await self._post("/v1/chat/completions", body)
+        if response.status_code != 200:
+            raise EngineHTTPError(response.status_code, _error_body(response))
+        return response.content
+
+    def _chat_object(self, raw: bytes) -> dict[str, Any]:
         try:
             data = fastjson.loads(raw)
         except ValueError as e:
@@ -243,13 +257,6 @@ class EngineProcess:
         if not isinstance(data, dict):
             raise EngineError(f"the {self.NAME} answered a chat completion with {data!r:.200}")
         return data
-
-    async def chat_bytes(self, body: dict[str, Any]) -> bytes:
-        """The answer as the server's JSON bytes (the gateway passes them on unparsed)."""
-        response = await self._post("/v1/chat/completions", body)
-        if response.status_code != 200:
-            raise EngineHTTPError(response.status_code, _error_body(response))
-        return response.content
 
     async def load_adapter(self, served_name: str, path: Path) -> None:
         payload = {"lora_name": served_name, "lora_path": str(path)}  # absolute: see LocalBackend

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 from rlcoach.config import EngineConfig
-from rlcoach.engines.http import EngineConnectionError
 from rlcoach.engines.process import EngineProcess
 from rlcoach.errors import EngineError, EngineStartError
 from rlcoach.families import fallback_chat_template, family_of
@@ -152,21 +151,15 @@ class VLLMEngine(EngineProcess):
 
     async def sleep(self) -> None:
         """vLLM sleep level 1: weights to CPU memory, KV cache freed. `mode=wait` lets a
-        running request finish (vLLM 0.32; 0.26 ignores the parameter, and the router
-        has already held new requests)."""
+        running request finish (vLLM 0.32; 0.26 ignores the parameter, and the router in
+        front has already drained the requests)."""
         await self._sleep_call("/sleep", {"level": "1", "mode": "wait"}, sleeping=True)
 
     async def wake(self) -> None:
         await self._sleep_call("/wake_up", {}, sleeping=False)
 
     async def _sleep_call(self, path: str, params: dict[str, str], *, sleeping: bool) -> None:
-        self._alive()
-        assert self._client is not None
-        try:
-            response = await self._client.request("POST", path, params=params)
-        except EngineConnectionError as e:
-            self._alive()
-            raise EngineError(f"vLLM did not answer {path}: {e!r}") from e
+        response = await self._post(path, params=params)
         if response.status_code != 200:
             raise EngineError(
                 f"vLLM refused {path} ({response.status_code}: {response.text[:200]}); it "
@@ -174,6 +167,7 @@ class VLLMEngine(EngineProcess):
                 "EngineConfig(colocation='sleep') sets"
             )
         # Older servers answered before the engine core had finished: wait until it says so.
+        assert self._client is not None
         deadline = time.monotonic() + self.config.request_timeout_s
         while time.monotonic() < deadline:
             state = await self._client.request("GET", "/is_sleeping", timeout_s=30.0)

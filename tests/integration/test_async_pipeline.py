@@ -9,9 +9,7 @@ code a GPU runs by default, to check its semantics: the bound, the version tags,
 samples dropped, a step failing while the next batch samples, and resume after a restart.
 """
 
-import asyncio
 import json
-import os
 
 import pytest
 
@@ -23,7 +21,6 @@ from rlcoach import (
     load_groups,
     run_pipeline,
 )
-from rlcoach.failpoints import arm
 
 QUESTIONS = ["Name a colour.", "Name a fruit."]
 GROUP = 3
@@ -41,10 +38,9 @@ class Batches:
     """The batch function: GROUP rollouts per question through the policy endpoint,
     rewards 0, 1, 2 within each group (always variance); keeps every batch it made."""
 
-    def __init__(self, model: TrainableModel, poison: set[int] = frozenset()) -> None:
+    def __init__(self, model: TrainableModel) -> None:
         self.model = model
         self.client = model.openai_client()
-        self.poison = poison
         self.made: dict[int, list[TrajectoryGroup]] = {}
 
     async def one(self, question: str, reward: int, served: str | None):
@@ -62,14 +58,6 @@ class Batches:
         groups = await gather_trajectory_groups(
             [[self.one(q, k, served) for k in range(GROUP)] for q in QUESTIONS], progress=False
         )
-        if index in self.poison:
-            # The step of this batch raises once it has trained (a failpoint: bad input is
-            # refused before any step by training_input.py, so it cannot fail a step).
-            for _ in range(3000):  # until the step before it is past the failpoint
-                if self.model.step >= index:
-                    break
-                await asyncio.sleep(0.01)
-            arm(os.environ["RLCOACH_FAILPOINT_DIR"], "step.trained", "raise")
         self.made[index] = groups
         return groups
 
@@ -135,17 +123,28 @@ async def test_samples_older_than_the_bound_are_not_trained(backend, tiny_chat_m
     assert result.staleness.stale_dropped == 0 and model.step == 2
 
 
-async def test_a_step_failing_mid_overlap_loses_nothing(
-    backend, tiny_chat_model, tmp_path, monkeypatch
-):
-    monkeypatch.setenv("RLCOACH_FAILPOINT_DIR", str(tmp_path))
+async def test_a_step_failing_mid_overlap_loses_nothing(backend, tiny_chat_model, monkeypatch):
+    """The failure is injected at one seam: `LoraTrainer.step` raises on batch 1, standing
+    in for a step that breaks half-way through an update (out of GPU memory, say), which a
+    CPU cannot produce on purpose; bad input is refused before any step starts."""
+    from rlcoach.trainer.lora import LoraTrainer
+
     model = TrainableModel("faulty", "pipeline", base_model=str(tiny_chat_model), config=CONFIG)
     await model.register(backend)
-    batches = Batches(model, poison={1})
+    batches = Batches(model)
+    real_step = LoraTrainer.step
+
+    def step(self, groups, config):
+        poisoned = {t.id for g in batches.made.get(1, []) for t in g.trajectories}
+        if poisoned & {t.id for g in groups for t in g.trajectories}:
+            raise RuntimeError("the step broke half-way")
+        return real_step(self, groups, config)
+
+    monkeypatch.setattr(LoraTrainer, "step", step)
     steps = await run_pipeline(model, batches, until_step=3, overlap=True)
     assert [s.index for s in steps] == [0, 1, 2]
     failed = steps[1]
-    assert failed.result is None and "failpoint step.trained" in failed.error
+    assert failed.result is None and "the step broke half-way" in failed.error
     # The batch sampled while the failing step ran is trained next, from checkpoint 1.
     assert steps[2].rollout_start < failed.train_end
     assert steps[2].trained_from == 1 and steps[2].result.stats.trajectories == 6

@@ -30,8 +30,8 @@ STANDIN = Path(__file__).parents[2] / "bench" / "standin_vllm.py"
 class StandInVLLM(VLLMEngine):
     """`VLLMEngine` whose server command runs the stand-in with the same arguments."""
 
-    def command(self) -> list[str]:
-        args = super().command()
+    def command(self, socket_path: Path) -> list[str]:
+        args = super().command(socket_path)
         assert args[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
         return [sys.executable, str(STANDIN), *args[3:], "--log-chats"]
 
@@ -52,7 +52,7 @@ async def test_the_engine_sleeps_while_a_step_trains(tmp_path, tiny_chat_model):
             "napper", "colocation", base_model=str(tiny_chat_model), config={"learning_rate": 1e-3}
         )
         await model.register(backend)
-        assert "--enable-sleep-mode" in backend.engine.command()
+        assert "--enable-sleep-mode" in backend.engine.command(backend.engine.socket_path)
         assert backend.can_overlap is False
         client = model.openai_client()
 
@@ -84,7 +84,8 @@ async def test_the_engine_sleeps_while_a_step_trains(tmp_path, tiny_chat_model):
         await asyncio.sleep(0.2)
         stop.set()
         await caller
-        async with httpx.AsyncClient(base_url=backend.engine.url) as http:
+        transport = httpx.AsyncHTTPTransport(uds=str(backend.engine.socket_path))
+        async with httpx.AsyncClient(transport=transport, base_url="http://engine") as http:
             events = (await http.get("/events")).json()["events"]
 
     assert result.step == 1 and result.stats.trained
@@ -94,11 +95,12 @@ async def test_the_engine_sleeps_while_a_step_trains(tmp_path, tiny_chat_model):
     assert kinds[kinds.index("sleep") :][:3] == ["sleep", "wake", "load"]
     assert "level=1" in next(e for e in events if e["event"] == "sleep")["query"]
     slept = next(e["time"] for e in events if e["event"] == "sleep")
+    woke = next(e["time"] for e in events if e["event"] == "wake")
     loaded = next(e["time"] for e in events if e["event"] == "load")
     # The call made as the engine fell asleep waited at the router through the step and
     # was answered by the new adapter; the calls before it, by the old one.
-    held = [c for c in calls if c[0] < slept and c[1] > loaded]
-    assert len(held) == 1 and held[0][2] == "napper@1"
+    held = [c for c in calls if c[0] < loaded < c[1]]
+    assert len(held) == 1 and held[0][0] < woke and held[0][2] == "napper@1"
     assert {name for _, end, name in calls if end < slept} == {"napper@0"}
     chats = [e["time"] for e in events if e["event"] == "chat"]
     assert not [t for t in chats if slept < t < loaded]  # nothing reached the engine
