@@ -36,11 +36,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import gc
 import json
 import logging
 import os
 import shutil
+import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -51,10 +53,18 @@ from rlcoach.bundled import BUNDLED_MODEL, SHIPPED_MODELS, shipped_model_path
 from rlcoach.colocation import check_sleep_mode, release_gpu_cache, sleep_engine, wake_engine
 from rlcoach.config import EngineConfig, SFTConfig, TrainConfig, parse_config
 from rlcoach.engines.base import Engine
-from rlcoach.errors import CheckpointError, ConfigError
+from rlcoach.errors import CheckpointError, ConfigError, RLCoachError, TrainerError
+from rlcoach.failpoints import failpoint
 from rlcoach.families import fallback_chat_template
 from rlcoach.gateway import Gateway, Recorder
-from rlcoach.paths import DEFAULT_ROOT, RunPaths, write_text_atomic
+from rlcoach.paths import (
+    DEFAULT_ROOT,
+    UNCOMMITTED,
+    RunPaths,
+    fsync_dir,
+    fsync_tree,
+    write_text_atomic,
+)
 from rlcoach.router import Router
 from rlcoach.sinks import (
     Sink,
@@ -68,6 +78,7 @@ from rlcoach.sinks import (
 from rlcoach.staleness import Staleness, drop_stale
 from rlcoach.supervisor import EngineSupervisor, RestartableEngine
 from rlcoach.trainer.base import SFTStats, StepStats, Trainer
+from rlcoach.trainer.pool import TrainerPool
 from rlcoach.training_input import TrainingLimits, check_examples, check_groups, training_limits
 from rlcoach.types import ChatRecord, Trajectory, TrajectoryGroup
 
@@ -166,10 +177,13 @@ class LocalBackend:
         engine: EngineConfig | dict[str, Any] | None = None,
         sinks: SinkConfig | dict[str, Any] | list[str | Sink] | None = None,
         max_trainers: int = 2,
+        step_wait_timeout_s: float = 3600.0,
     ) -> None:
         """`sinks`: plug-in sinks by name (`["wandb"]`), `Sink` objects, or a `SinkConfig`
         (dict form accepted); Langfuse turns on by itself when its keys are set.
-        `max_trainers`: trainers kept in memory (each holds a copy of the base model)."""
+        `max_trainers`: trainers kept in memory (each holds a copy of the base model).
+        `step_wait_timeout_s`: the longest a step waits for its model's previous step or
+        for a trainer slot (then a retryable `TrainerError`)."""
         if max_trainers < 1:
             raise ConfigError(
                 f"max_trainers={max_trainers}: at least one trainer is needed; "
@@ -183,7 +197,9 @@ class LocalBackend:
         self.gateway: Gateway | None = None
         self.base_model: str | None = None
         self._model_path: Path | None = None
-        self._trainers: dict[str, Trainer] = {}
+        self.step_wait_timeout_s = step_wait_timeout_s
+        self._pool = TrainerPool(max_trainers, wait_timeout_s=step_wait_timeout_s)
+        self._step_locks: dict[str, asyncio.Lock] = {}
         self._tokenizer_cache: Any = None
         self._limits: TrainingLimits | None = None
         self._models: dict[str, TrainableModel] = {}
@@ -286,16 +302,12 @@ class LocalBackend:
         assert self.gateway is not None
         paths = self.paths(model)
         self._check_lora_rank(model, paths)
-        for removed in paths.remove_partial_checkpoints():
-            logger.warning("removed a partial checkpoint left by a crash: %s", removed)
+        step_lock = self._step_locks.get(model.name)
+        if step_lock is None or not step_lock.locked():  # else its step owns that folder
+            for removed in await asyncio.to_thread(paths.remove_partial_checkpoints):
+                logger.warning("removed a partial checkpoint left by a crash: %s", removed)
         latest = paths.latest_checkpoint()
-        steps = {}
-        if paths.checkpoints.is_dir():
-            steps = {
-                int(p.name): p
-                for p in paths.checkpoints.iterdir()
-                if p.name.isdigit() and (p / "adapter_config.json").exists()
-            }
+        steps = paths.complete_checkpoints()
         model.step = latest[0] if latest else 0
         self.gateway.router.register(model.name, 0, steps)
         if latest is not None:
@@ -403,28 +415,65 @@ class LocalBackend:
             self._model_path, model.config, ranks=ranks, backend="nccl", env=env, log_file=log
         )
 
-    def _trainer(self, model: TrainableModel) -> Trainer:
-        """The model's trainer; at most `max_trainers` stay in memory (least recently used
-        goes first: every step's checkpoint holds its adapter and optimizer state, so a
-        trainer made again from it resumes exactly, as does one whose ranks died)."""
-        trainer = self._trainers.pop(model.name, None)
-        if trainer is not None and trainer.closed:
-            logger.warning("the training ranks of %s are gone; starting new ones", model.name)
-            trainer = None
-        if trainer is None:
-            while len(self._trainers) >= self.max_trainers:
-                evicted = next(iter(self._trainers))
-                self._trainers.pop(evicted).close()
-                logger.info(
-                    "released the trainer of %s (max_trainers=%d)", evicted, self.max_trainers
-                )
-            gc.collect()
-            trainer = self._make_trainer(model)
-            latest = self.paths(model).latest_checkpoint()
-            if latest is not None:
+    def _load_trainer(self, model: TrainableModel) -> Trainer:
+        """A new trainer for `model`, resumed from its latest complete checkpoint (which
+        holds its adapter and optimizer state, so it resumes exactly)."""
+        gc.collect()
+        trainer = self._make_trainer(model)
+        latest = self.paths(model).latest_checkpoint()
+        if latest is not None:
+            try:
                 trainer.load(latest[1])
-        self._trainers[model.name] = trainer  # (re)inserted last: the most recently used
+            except BaseException:
+                trainer.close()
+                raise
         return trainer
+
+    @contextlib.asynccontextmanager
+    async def _leased_trainer(self, model: TrainableModel) -> AsyncIterator[_Lease]:
+        """`model`'s trainer for one step (trainer/pool.py: at most `max_trainers` in
+        memory, one in use never closed for another model). Unless the step marks the
+        lease `kept`, the trainer is dropped at the end: a step that failed or was
+        cancelled past its optimizer step left it ahead of the latest checkpoint, and the
+        next step makes a new one from that checkpoint."""
+        trainer = await asyncio.to_thread(
+            self._pool.acquire, model.name, lambda: self._load_trainer(model)
+        )
+        lease = _Lease(trainer)
+        try:
+            yield lease
+        finally:
+            await asyncio.to_thread(self._pool.release, model.name, trainer, discard=not lease.kept)
+            await asyncio.to_thread(_return_freed_memory)
+
+    @contextlib.asynccontextmanager
+    async def _step_lock(self, model: TrainableModel) -> AsyncIterator[None]:
+        """One step at a time per model (waiting at most `step_wait_timeout_s`)."""
+        lock = self._step_locks.setdefault(model.name, asyncio.Lock())
+        try:
+            await asyncio.wait_for(lock.acquire(), self.step_wait_timeout_s)
+        except TimeoutError as e:
+            raise TrainerError(
+                f"another step of {model.name!r} held its trainer for more than "
+                f"{self.step_wait_timeout_s:.0f} s (LocalBackend(step_wait_timeout_s=...)); "
+                "fix: retry once it finishes"
+            ) from e
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def _trainer(self, model: TrainableModel) -> Trainer:
+        """The model's trainer, made (or remade) as a step would (for tests and benches;
+        steps lease it with `_leased_trainer`)."""
+        trainer = self._pool.acquire(model.name, lambda: self._load_trainer(model))
+        self._pool.release(model.name, trainer)
+        return trainer
+
+    @property
+    def _trainers(self) -> dict[str, Trainer]:
+        """The trainers in memory by model name, least recently used first."""
+        return {name: t for name in self._pool.names() if (t := self._pool.peek(name))}
 
     async def train(
         self,
@@ -442,6 +491,19 @@ class LocalBackend:
             raise ConfigError(f"model {model.name!r} is not registered with this backend")
         train_config = parse_config(TrainConfig, config) if config is not None else model.config
         await asyncio.to_thread(check_groups, groups, self.training_limits())
+        async with self._step_lock(model):
+            return await self._train_step(model, groups, train_config, request_id)
+
+    async def _train_step(
+        self,
+        model: TrainableModel,
+        groups: list[TrajectoryGroup],
+        train_config: TrainConfig,
+        request_id: str | None,
+    ) -> StepResult:
+        """`train` under the model's step lock: the step is wholly made latest (its
+        checkpoint committed, `_publish_step`) or wholly rolled back (nothing of it on
+        disk or served, the trainer made again from the latest checkpoint)."""
         started = time.perf_counter()
         sinks = self.sinks(model)
         next_step = model.step + 1
@@ -458,12 +520,21 @@ class LocalBackend:
             )
         timings: dict[str, float] = {}
         try:
-            async with self._engine_asleep(timings):
-                trainer = await asyncio.to_thread(self._trainer, model)
-                stats = await asyncio.to_thread(trainer.step, fresh, train_config)
-            if stats.trained:
-                record = {"request_id": request_id, "stats": stats.as_dict()}
-                result = await self._publish_step(model, trainer, stats, record, staleness, timings)
+            async with contextlib.AsyncExitStack() as held:
+                # The trainer is made while a colocated engine sleeps (GPU memory) and
+                # held until the step is committed or rolled back.
+                async with self._engine_asleep(timings):
+                    lease = await held.enter_async_context(self._leased_trainer(model))
+                    stats = await asyncio.to_thread(lease.trainer.step, fresh, train_config)
+                failpoint("step.trained")
+                if stats.trained:
+                    record = {"request_id": request_id, "stats": stats.as_dict()}
+                    result = await self._publish_step(
+                        model, lease.trainer, stats, record, staleness, timings
+                    )
+                # A step stopped by a non-finite value after an earlier mini-batch's
+                # update left the trainer ahead of its checkpoint: it is made again.
+                lease.kept = stats.trained or stats.non_finite <= 1
         except Exception as e:
             await self._open_requests()
             await self._step_failed(model, next_step, e, staleness, started)
@@ -471,11 +542,18 @@ class LocalBackend:
         if not stats.trained:
             await self._open_requests()
             skip = await asyncio.to_thread(sinks.mark_skipped, next_step)
+            if stats.non_finite:
+                why = (
+                    f"the loss or gradient norm of mini-batch {stats.non_finite} was not "
+                    "finite; nothing was saved or published"
+                )
+            else:
+                why = "no group had reward variance; nothing trained"
             logger.warning(
-                "step %d, attempt skipped %d: no group had reward variance; nothing trained "
-                "(the model stays at step %d)",
+                "step %d, attempt skipped %d: %s (the model stays at step %d)",
                 next_step,
                 skip,
+                why,
                 model.step,
             )
             result = StepResult(model.step, stats, None, 0.0, 0.0, staleness, timings)
@@ -515,13 +593,10 @@ class LocalBackend:
         staleness: Staleness,
         started: float,
     ) -> None:
-        """After a step failed: the next one starts from the latest checkpoint (the trainer
-        may have stopped half-way through an update, so it is made again), the batch stays
-        on disk beside the trajectory files (the next step's would overwrite it), and the
-        failure is a metrics record. The caller re-raises."""
-        trainer = self._trainers.pop(model.name, None)
-        if trainer is not None:
-            await asyncio.to_thread(trainer.close)
+        """After a step failed (its trainer already dropped by its lease, so the next step
+        starts from the latest checkpoint): the batch stays on disk beside the trajectory
+        files (the next step's would overwrite it), and the failure is a metrics record.
+        The caller re-raises."""
         batch = self.paths(model).trajectory_file(step)
         attempt = 1 + len(list(batch.parent.glob(f"{batch.stem}-failed*.jsonl")))
         kept = batch.with_name(f"{batch.stem}-failed{attempt}.jsonl")
@@ -553,9 +628,6 @@ class LocalBackend:
         RL step, so SFT and RL can alternate on one model. The examples are written to
         `sft/<step>.jsonl` in the run folder before training starts.
         """
-        from rlcoach.trainer.lora import LoraTrainer
-        from rlcoach.trainer.sft import sft_sequences, sft_train
-
         if self.gateway is None or model.name not in self._models:
             raise ConfigError(f"model {model.name!r} is not registered with this backend")
         if (ranks := self._train_ranks()) > 1:
@@ -571,6 +643,21 @@ class LocalBackend:
             raise ConfigError(
                 "train_sft got no examples; fix: pass at least one Trajectory or ChatRecord"
             )
+        async with self._step_lock(model):
+            return await self._sft_step(model, items, sft_config, progress, request_id)
+
+    async def _sft_step(
+        self,
+        model: TrainableModel,
+        items: list[Trajectory | ChatRecord],
+        sft_config: SFTConfig,
+        progress: bool,
+        request_id: str | None,
+    ) -> StepResult:
+        """`train_sft` under the model's step lock; committed or rolled back as a step."""
+        from rlcoach.trainer.lora import LoraTrainer
+        from rlcoach.trainer.sft import sft_sequences, sft_train
+
         started = time.perf_counter()
         next_step = model.step + 1
         await asyncio.to_thread(
@@ -581,21 +668,24 @@ class LocalBackend:
         tokenizer = await asyncio.to_thread(self._tokenizer)
         sequences = await asyncio.to_thread(sft_sequences, items, tokenizer)
         timings: dict[str, float] = {}
-        async with self._engine_asleep(timings):
-            trainer = await asyncio.to_thread(self._trainer, model)
-            assert isinstance(trainer, LoraTrainer)  # one training rank: checked above
-            stats = await asyncio.to_thread(
-                sft_train, trainer, sequences, sft_config, len(items), progress
-            )
-        if not stats.trained:
-            await self._open_requests()
-            raise ConfigError(
-                "the SFT examples hold no assistant token to train on; fix: "
-                "include the assistant turns the model should imitate"
-            )
-        record = {"request_id": request_id, "kind": "sft", "stats": stats.as_dict()}
         try:
-            result = await self._publish_step(model, trainer, stats, record, None, timings)
+            async with contextlib.AsyncExitStack() as held:
+                async with self._engine_asleep(timings):  # the trainer made while it sleeps
+                    lease = await held.enter_async_context(self._leased_trainer(model))
+                    trainer = lease.trainer
+                    assert isinstance(trainer, LoraTrainer)  # one training rank: checked above
+                    stats = await asyncio.to_thread(
+                        sft_train, trainer, sequences, sft_config, len(items), progress
+                    )
+                if not stats.trained:
+                    lease.kept = True  # no optimizer step ran
+                    raise ConfigError(
+                        "the SFT examples hold no assistant token to train on; fix: "
+                        "include the assistant turns the model should imitate"
+                    )
+                record = {"request_id": request_id, "kind": "sft", "stats": stats.as_dict()}
+                result = await self._publish_step(model, trainer, stats, record, None, timings)
+                lease.kept = True
         finally:
             await self._open_requests()
         self._record(self.sinks(model), model, next_step, "sft", result, [], started)
@@ -622,24 +712,53 @@ class LocalBackend:
         staleness: Staleness | None = None,
         timings: dict[str, float] | None = None,
     ) -> StepResult:
-        """Save the adapter as the next checkpoint, serve it, then bump the model's step."""
+        """Make the trained adapter the model's next step, or nothing of it.
+
+        The checkpoint folder is written whole (adapter and request record, fsynced) with
+        an `UNCOMMITTED` marker and renamed into place; then the adapter is published to
+        the engine while the optimizer state is written beside it (off the publish path);
+        then the marker is removed: that is the commit point, and only then is the step
+        the model's. A failure or a crash before it leaves no step behind: the router
+        serves the previous step again, the folder is removed (at once, or at the next
+        registration after a crash), the request id is not found as done (so a retry
+        trains instead of being answered "replayed"), and the caller's lease drops the
+        trainer (made again from the latest committed checkpoint)."""
         assert self.gateway is not None
-        next_step = model.step + 1
+        gateway = self.gateway
+        previous = model.step
+        next_step = previous + 1
         saved = time.perf_counter()
         folder = await asyncio.to_thread(self._save, trainer, self.paths(model), next_step, record)
         save_seconds = time.perf_counter() - saved
+        published = False
         try:
-            publish_seconds = await self.gateway.call(
-                self.gateway.router.publish(model.name, next_step, folder)
+            failpoint("checkpoint.renamed")
+            outcomes = await asyncio.gather(
+                gateway.call(gateway.router.publish(model.name, next_step, folder)),
+                asyncio.to_thread(trainer.save_optimizer, folder),
+                return_exceptions=True,
             )
+            published = not isinstance(outcomes[0], BaseException)
+            if isinstance(outcomes[0], BaseException):
+                raise outcomes[0]
+            if isinstance(outcomes[1], BaseException):
+                error = outcomes[1]
+                raise _write_failed("optimizer state", next_step, folder, error) from error
+            publish_seconds = float(outcomes[0])
+            failpoint("step.published")
+            await asyncio.to_thread(_commit, folder)
         except BaseException:
-            # Never served, so not a step: the next attempt writes its own in this place.
+            if published:
+                try:
+                    await gateway.call(_withdraw(gateway.router, model.name, next_step, previous))
+                except Exception:
+                    logger.exception(
+                        "could not withdraw %s@%d from the router", model.name, next_step
+                    )
             await asyncio.to_thread(shutil.rmtree, folder, True)
             raise
-        # The optimizer state (twice the adapter) is written after publishing: serving the
-        # new step does not wait for it, and a crash before it only costs AdamW's moments.
-        await asyncio.to_thread(trainer.save_optimizer, folder)
         model.step = next_step
+        failpoint("step.committed")
         return StepResult(
             next_step, stats, folder, publish_seconds, save_seconds, staleness, timings or {}
         )
@@ -685,18 +804,24 @@ class LocalBackend:
             )
         temp = paths.temp_checkpoint()
         try:
+            (temp / UNCOMMITTED).touch()
             trainer.save_adapter(temp)
             write_text_atomic(temp / STEP_RECORD, json.dumps(record))
+            fsync_tree(temp)
             os.replace(temp, target)
-        except BaseException:
+            fsync_dir(paths.checkpoints)
+        except BaseException as e:
             shutil.rmtree(temp, ignore_errors=True)
-            raise
+            if (target / UNCOMMITTED).exists():  # renamed, then its fsync failed
+                shutil.rmtree(target, ignore_errors=True)
+            failed = _write_failed("adapter", step, target, e)
+            if failed is e:
+                raise
+            raise failed from e
         return target
 
     async def close(self) -> None:
-        for trainer in self._trainers.values():
-            await asyncio.to_thread(trainer.close)
-        self._trainers.clear()
+        await asyncio.to_thread(self._pool.close)
         for sinks in self._sinks.values():
             await asyncio.to_thread(sinks.close)
         self._sinks.clear()
@@ -708,3 +833,45 @@ class LocalBackend:
             self.gateway.stop()
         self.gateway = None
         self.engine = None
+
+
+def _write_failed(what: str, step: int, folder: Path, error: BaseException) -> BaseException:
+    """A failed checkpoint write as a `CheckpointError` that says the step left nothing
+    (an error rlcoach raised, or a cancellation, passes unchanged)."""
+    if isinstance(error, RLCoachError) or not isinstance(error, Exception):
+        return error
+    return CheckpointError(
+        f"the {what} of step {step} could not be written into {folder} ({error!r}); "
+        "nothing of the step was kept — fix: check the disk under the run folder (full? "
+        "read-only?), then train the same batch again"
+    )
+
+
+@dataclass
+class _Lease:
+    """A step's hold on its model's trainer (`LocalBackend._leased_trainer`)."""
+
+    trainer: Trainer
+    kept: bool = False
+    """Set by the step once the trainer matches the latest checkpoint again (committed, or
+    no update ran); otherwise it is dropped at the end of the lease."""
+
+
+def _return_freed_memory() -> None:
+    """After a step: collect garbage and hand the C heap's free pages back to the system.
+    glibc keeps freed memory in per-thread arenas, and each step's tensors differ in size,
+    so without this a long-running server's RSS climbs step after step (bench/soak_serve.py)."""
+    gc.collect()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _commit(folder: Path) -> None:
+    """The commit point of a step: its checkpoint folder becomes a checkpoint."""
+    (folder / UNCOMMITTED).unlink()
+    fsync_dir(folder)
+
+
+async def _withdraw(router: Router, model: str, step: int, previous: int) -> None:
+    router.withdraw(model, step, previous)

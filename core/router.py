@@ -137,6 +137,15 @@ class Router:
         logger.info("published %s in %.0f ms", served, held * 1000)
         return held
 
+    def withdraw(self, model: str, step: int, previous: int) -> None:
+        """Undo `publish(model, step, ...)`: a step that failed after its publish never
+        happened, so `model` means `model@previous` again and `model@step` is not served
+        (requests running on it finish; its adapter is the first to be evicted, and a
+        later publish of the same step loads the new one in its place)."""
+        if self.latest.get(model) == step:
+            self.latest[model] = previous
+        self.checkpoints.pop(f"{model}@{step}", None)
+
     def forget(self, served: str) -> None:
         """Stop serving `served` (its checkpoint is being deleted); never a model's latest.
         Requests running on it finish; the engine drops it when its slot is next needed."""

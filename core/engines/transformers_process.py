@@ -31,6 +31,7 @@ from typing import Any
 from rlcoach.config import EngineConfig
 from rlcoach.engines.base import EngineHTTPError
 from rlcoach.engines.process import EngineProcess
+from rlcoach.failpoints import failpoint
 from rlcoach.families import fallback_chat_template
 from rlcoach.paths import write_text_atomic
 
@@ -136,6 +137,7 @@ def _app(engine: Any, key: str, max_lora_rank: int) -> Any:
         if rank > max_lora_rank:
             return error(400, f"LoRA rank {rank} is greater than max_lora_rank {max_lora_rank}")
         try:
+            failpoint("engine.load_adapter")  # the fault tests' refusal or crash here
             await engine.load_adapter(str(body["lora_name"]), path)
         except Exception as e:  # peft's errors for a bad folder are of many kinds
             return error(400, f"loading adapter {body['lora_name']!r} failed: {e!r}")

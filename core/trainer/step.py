@@ -23,6 +23,8 @@ A trainer hands the step what differs between one process and several (`StepPart
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from typing import Any, Protocol
 
@@ -42,6 +44,8 @@ __all__ = [
     "row_loss_terms",
     "untrained_stats",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 class StepParts(Protocol):
@@ -88,9 +92,11 @@ def collect_sequences(
     return sequences, skipped, trajectories
 
 
-def untrained_stats(groups: int, skipped: int, started: float) -> StepStats:
-    """The stats of a step that trained nothing: no group had reward variance."""
+def untrained_stats(groups: int, skipped: int, started: float, non_finite: int = 0) -> StepStats:
+    """The stats of a step that trained nothing: no group had reward variance, or the
+    loss or gradient norm of mini-batch `non_finite` was not finite."""
     return StepStats(
+        non_finite=non_finite,
         trained=False,
         groups=groups,
         groups_skipped_no_variance=skipped,
@@ -148,7 +154,7 @@ def grpo_step(parts: StepParts, groups: list[TrajectoryGroup], c: TrainConfig) -
     clipped = kl = ratio = 0.0
     parts.model.train()
     try:
-        for part in (p for p in mini_batches if p):
+        for number, part in enumerate((p for p in mini_batches if p), start=1):
             normalizer = loss_normalizer(c.loss, [s.sampled_tokens for s in part])
             parts.optimizer.zero_grad(set_to_none=True)
             sums = [0.0, 0.0, 0.0, 0.0]  # loss, clipped tokens, KL, ratio
@@ -159,9 +165,22 @@ def grpo_step(parts: StepParts, groups: list[TrajectoryGroup], c: TrainConfig) -
                     (terms.loss, terms.clipped_tokens, terms.kl_sum, terms.ratio_sum)
                 ):
                     sums[index] += float(value.detach())
-            norms.append(_as_float(torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm)))
-            parts.optimizer.step()
+            norm = _as_float(torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm))
+            # Summed over ranks before the update, so every rank sees the same values
+            # (the norm is global under FSDP) and all of them stop here together.
             part_loss, part_clipped, part_kl, part_ratio = parts.sum_over_ranks(sums)
+            if not (math.isfinite(part_loss) and math.isfinite(norm)):
+                parts.optimizer.zero_grad(set_to_none=True)
+                logger.warning(
+                    "mini-batch %d: loss %s, gradient norm %s; the step is skipped (no update "
+                    "from this mini-batch; nothing is saved or published)",
+                    number,
+                    part_loss,
+                    norm,
+                )
+                return untrained_stats(len(groups), skipped, started, non_finite=number)
+            parts.optimizer.step()
+            norms.append(norm)
             losses.append(part_loss)
             clipped, kl, ratio = clipped + part_clipped, kl + part_kl, ratio + part_ratio
     finally:
