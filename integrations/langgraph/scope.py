@@ -6,13 +6,17 @@
         scope.reward = judge(state)
 
 The calls are captured by the gateway (see `chat.py`); on exit the recorded exchanges
-become the trajectory: the conversation with the most policy calls is the main history,
-calls that do not extend it (sub-agents, summarisers, routers) are additional histories.
-What the gateway cannot see is what happened after the last policy call (tool results of
-a run cut off by `recursion_limit`, a final node's output), so `record_state` appends
-the graph's messages after the policy's last reply to the main history, as the graph
-produced them (tool errors included), and counts tool calls and tool errors. The trainer
-ignores those messages (it trains sampled tokens only); a RULER judge reads them.
+become the trajectory. The main history is the conversation the graph's final state
+continues — the one the user sees — so `record_state` decides it: the history sharing
+the most messages with the final state, never a router's structured-output exchange
+over a free conversation (rlcoach.recording states the rule; without `record_state`,
+the history of the last call). Calls that do not extend it (sub-agents, summarisers,
+routers) are additional histories. What the gateway cannot see is what happened after
+the last policy call (tool results of a run cut off by `recursion_limit`, a final
+node's output), so `record_state` also appends the graph's messages after the main
+history's last reply, as the graph produced them (tool errors included), and counts tool
+calls and tool errors. The trainer ignores those messages (it trains sampled tokens
+only); a RULER judge reads them.
 """
 
 from __future__ import annotations
@@ -66,6 +70,9 @@ class GraphRollout(Rollout):
         errors = sum(getattr(m, "status", None) == "error" for m in messages)
         self.metrics["tool_calls"] = float(calls)
         self.metrics["tool_errors"] = float(errors)
+
+    def final_messages(self) -> list[Message] | None:
+        return self._final or None
 
     async def collect(self) -> Trajectory:
         trajectory = await super().collect()
