@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import ctypes
 import importlib.util
+import json
 import logging
 import os
 import signal
@@ -20,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -319,6 +321,59 @@ class VLLMEngine:
         if response.status_code != 200:
             raise EngineHTTPError(response.status_code, data)
         return data
+
+    async def chat_stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        self._alive()
+        assert self._client is not None
+        request = self._client.build_request("POST", "/v1/chat/completions", json=body)
+        try:
+            response = await self._client.send(request, stream=True)
+        except httpx.HTTPError as e:
+            self._alive()
+            raise EngineError(f"vLLM did not answer a streamed chat: {e!r}") from e
+        try:
+            if response.status_code != 200:
+                await response.aread()
+                raise EngineHTTPError(response.status_code, response.json())
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                if data:
+                    yield json.loads(data)
+        except httpx.HTTPError as e:
+            self._alive()
+            raise EngineError(f"vLLM broke off a streamed chat: {e!r}") from e
+        finally:
+            await response.aclose()
+
+    async def token_logprobs(self, model: str, token_ids: list[int], start: int) -> list[float]:
+        # Prompt log-probs are computed from the raw logits: no grammar, no temperature.
+        payload = {
+            "model": model,
+            "prompt": token_ids,
+            "max_tokens": 1,
+            "prompt_logprobs": 0,
+            "temperature": 0.0,
+        }
+        response = await self._post("/v1/completions", payload)
+        data = response.json()
+        if response.status_code != 200:
+            raise EngineHTTPError(response.status_code, data)
+        positions = data["choices"][0]["prompt_logprobs"]
+        values = []
+        for token, entry in zip(token_ids[start:], positions[start:], strict=True):
+            values.append(float(entry[str(token)]["logprob"]))
+        return values
+
+    async def detokenize(self, model: str, token_ids: list[int]) -> str:
+        response = await self._post("/detokenize", {"model": model, "tokens": token_ids})
+        data = response.json()
+        if response.status_code != 200:
+            raise EngineHTTPError(response.status_code, data)
+        return str(data["prompt"])
 
     async def load_adapter(self, served_name: str, path: Path) -> None:
         payload = {"lora_name": served_name, "lora_path": str(path)}  # absolute: see LocalBackend
