@@ -88,6 +88,19 @@ def loss_normalizer(kind: LossKind, sampled_tokens_S: list[int]) -> float:
 
 
 @dataclass(frozen=True, slots=True)
+class MismatchTerms:
+    """How far the trainer's log-probs are from the sampler's on one micro-batch's trained
+    tokens (sums and a max, so micro-batches and ranks combine exactly)."""
+
+    tokens: float
+    abs_sum: float
+    abs_max: float
+    k3_sum: float
+    beyond: float
+    """Tokens whose |trainer - sampler| log-prob exceeds the threshold."""
+
+
+@dataclass(frozen=True, slots=True)
 class LossTerms:
     """The loss of one micro-batch (already divided by the batch normalizer) and stats."""
 
@@ -95,6 +108,9 @@ class LossTerms:
     clipped_tokens: torch.Tensor
     kl_sum: torch.Tensor
     ratio_sum: torch.Tensor
+    mismatch: MismatchTerms
+    """The sampler/trainer mismatch on these tokens (meaningful before the first
+    optimizer step on the batch, when the trainer's weights are the sampling ones)."""
 
 
 def truncated_importance_weights(
@@ -123,6 +139,7 @@ def policy_loss(
     kl_coef: float = 0.0,
     tis_cap: float | None = None,
     trainer_old_logprobs_T: torch.Tensor | None = None,
+    mismatch_threshold: float = 0.2,
 ) -> LossTerms:
     """Token-level loss over T tokens; `mask_T` is 1 on trained tokens, 0 elsewhere.
 
@@ -131,6 +148,7 @@ def policy_loss(
     sampling weights; default: `new_logprobs_T` detached, right for the first optimizer
     step on a batch) and each token is weighted by `truncated_importance_weights`."""
     mask_T = mask_T.to(new_logprobs_T.dtype)
+    mismatch = sampler_mismatch(new_logprobs_T, old_logprobs_T, mask_T, mismatch_threshold)
     tis_T = torch.ones_like(new_logprobs_T)
     if tis_cap is not None:
         trainer_old_T = (
@@ -161,20 +179,8 @@ def policy_loss(
         clipped_tokens=(clipped_T * mask_T).sum().detach(),
         kl_sum=(kl_T * mask_T).sum().detach(),
         ratio_sum=(ratio_T * mask_T).sum().detach(),
+        mismatch=mismatch,
     )
-
-
-@dataclass(frozen=True, slots=True)
-class MismatchTerms:
-    """How far the trainer's log-probs are from the sampler's on one micro-batch's trained
-    tokens (sums and a max, so micro-batches and ranks combine exactly)."""
-
-    tokens: float
-    abs_sum: float
-    abs_max: float
-    k3_sum: float
-    beyond: float
-    """Tokens whose |trainer - sampler| log-prob exceeds the threshold."""
 
 
 def sampler_mismatch(

@@ -179,3 +179,14 @@ def test_sampler_mismatch_by_hand():
     assert metrics["mismatch_abs_max"] == pytest.approx(0.3, rel=1e-5)
     assert metrics["mismatch_beyond_fraction"] == pytest.approx(1 / 3)
     assert mismatch_metrics([])["mismatch_kl_k3"] == 0.0
+
+
+def test_the_loss_reports_the_mismatch_against_the_sampler_even_with_tis():
+    trainer_T = torch.tensor([-1.0, -2.3])
+    sampler_T = torch.tensor([-1.1, -2.0])
+    for cap in (None, 2.0):
+        terms = policy_loss(
+            trainer_T, sampler_T, torch.ones(2), torch.ones(2), normalizer=2.0, tis_cap=cap
+        )
+        assert terms.mismatch.tokens == 2 and terms.mismatch.beyond == 1
+        assert terms.mismatch.abs_max == pytest.approx(0.3, rel=1e-5)
