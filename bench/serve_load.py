@@ -13,15 +13,12 @@ routing and recording. Prints requests/s, p50 and p99 latency and the serve/dire
 import argparse
 import asyncio
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
-from serve_process import ServeProcess
+from served import ServeProcess
 
 QUESTION = [{"role": "user", "content": "Count from one to twenty."}]
 
@@ -63,7 +60,7 @@ async def load(
 
 async def main(args: argparse.Namespace) -> None:
     root = Path(tempfile.mkdtemp(prefix="serve-load-")) / "root"
-    server = ServeProcess(root, "vllm", "--max-model-len", "2048")
+    server = ServeProcess(root, "vllm", "--max-model-len", "2048", key="bench-key")
     server.start(timeout_s=600)
     try:
         async with httpx.AsyncClient(base_url=server.url, headers=server.headers()) as http:

@@ -11,13 +11,10 @@ receiver holds every span and score). Prints the ratios.
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from langfuse_receiver import LangfuseReceiver
 

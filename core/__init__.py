@@ -36,8 +36,10 @@ from rlcoach.types import (
     SampledChoice,
     Trajectory,
     TrajectoryGroup,
+    Verdict,
     load_groups,
     save_groups,
+    tool_message,
 )
 from rlcoach.usage import ModelUsage
 
@@ -78,6 +80,7 @@ __all__ = [
     "Trajectory",
     "TrajectoryGroup",
     "UnknownModelError",
+    "Verdict",
     "__version__",
     "current_rollout_id",
     "gather_trajectory_groups",
@@ -85,4 +88,5 @@ __all__ = [
     "load_groups",
     "retry",
     "save_groups",
+    "tool_message",
 ]

@@ -10,10 +10,11 @@ the optimizer state beside it (off the publish path) and bumps the model's step.
 CPU, rollouts and training never overlap: `train` is only called between gathers, and
 the engine sits idle while the trainer runs.
 
-The trainer is `LoraTrainer` in this process, or, where the placement names several
-training GPUs (or `cpu_train_ranks` asks for CPU ranks), `DistributedTrainer`: torchrun
-ranks under FSDP2 (trainer/distributed.py) with the same methods, its workers' log under
-`<root>/logs/`. Ranks that died are replaced at the next step from the latest checkpoint.
+The trainer is a `Trainer` (trainer/base.py): `LoraTrainer` in this process, or, where
+the placement names several training GPUs (or `cpu_train_ranks` asks for CPU ranks),
+`DistributedTrainer`: torchrun ranks under FSDP2 (trainer/distributed.py), its workers'
+log under `<root>/logs/`. Ranks that died are replaced at the next step from the latest
+checkpoint.
 
 `Backend` is the protocol a `TrainableModel` needs from any backend; `RemoteBackend`
 (remote.py) implements it over HTTP against `rlcoach serve`, so user code switches
@@ -45,7 +46,7 @@ from rlcoach.config import EngineConfig, SFTConfig, TrainConfig, parse_config
 from rlcoach.engines.base import Engine
 from rlcoach.errors import CheckpointError, ConfigError
 from rlcoach.families import fallback_chat_template
-from rlcoach.gateway import Gateway
+from rlcoach.gateway import Gateway, Recorder
 from rlcoach.paths import DEFAULT_ROOT, RunPaths, write_text_atomic
 from rlcoach.router import Router
 from rlcoach.sinks import (
@@ -58,14 +59,13 @@ from rlcoach.sinks import (
     run_info,
 )
 from rlcoach.supervisor import EngineSupervisor, RestartableEngine
+from rlcoach.trainer.base import SFTStats, StepStats, Trainer
+from rlcoach.training_input import TrainingLimits, check_examples, check_groups, training_limits
 from rlcoach.types import ChatRecord, Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from rlcoach.model import TrainableModel
     from rlcoach.placement import Placement
-    from rlcoach.trainer.distributed import DistributedTrainer
-    from rlcoach.trainer.lora import LoraTrainer, StepStats
-    from rlcoach.trainer.sft import SFTStats
 
 __all__ = ["STEP_RECORD", "Backend", "LocalBackend", "StepResult", "resolve_base_model"]
 
@@ -168,8 +168,9 @@ class LocalBackend:
         self.gateway: Gateway | None = None
         self.base_model: str | None = None
         self._model_path: Path | None = None
-        self._trainers: dict[str, LoraTrainer | DistributedTrainer] = {}
+        self._trainers: dict[str, Trainer] = {}
         self._tokenizer_cache: Any = None
+        self._limits: TrainingLimits | None = None
         self._models: dict[str, TrainableModel] = {}
         self.sink_config, self._sink_objects = resolve_sinks(sinks)
         self._sinks: dict[str, SinkSet] = {}
@@ -207,6 +208,11 @@ class LocalBackend:
 
             log = self.root / "logs" / f"vllm-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
             engine = VLLMEngine(self._model_path, base_name, c, log)
+        elif c.kind == "transformers-process":
+            from rlcoach.engines.transformers_process import TransformersProcessEngine
+
+            log = self.root / "logs" / f"engine-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+            engine = TransformersProcessEngine(self._model_path, base_name, c, log)
         else:
             from rlcoach.engines.transformers import TransformersEngine
 
@@ -222,12 +228,14 @@ class LocalBackend:
                 max_model_len=c.max_model_len,
                 dtype=c.dtype,
             )
-        gateway = Gateway(engine, Router(engine, c.max_loras), c.host, c.port)
+        recorder = Recorder(c.max_recorded_rollouts, ttl_s=c.recording_ttl_s)
+        router = Router(engine, c.max_loras, wait_timeout_s=c.adapter_wait_timeout_s)
+        gateway = Gateway(engine, router, c.host, c.port, recorder=recorder)
         gateway.start()
         try:
-            await gateway.call(engine.start())
+            await gateway.call(engine.start(), timeout_s=c.startup_timeout_s + 60)
         except BaseException:
-            await gateway.call(engine.close())
+            await gateway.call(engine.close(), timeout_s=120)
             gateway.stop()
             raise
         self.engine, self.gateway, self.base_model = engine, gateway, base_model
@@ -245,6 +253,7 @@ class LocalBackend:
             )
         assert self.gateway is not None
         paths = self.paths(model)
+        self._check_lora_rank(model, paths)
         for removed in paths.remove_partial_checkpoints():
             logger.warning("removed a partial checkpoint left by a crash: %s", removed)
         latest = paths.latest_checkpoint()
@@ -279,6 +288,37 @@ class LocalBackend:
                 open_sinks, info, self.sink_config, self._sink_objects
             )
 
+    def _check_lora_rank(self, model: TrainableModel, paths: RunPaths) -> None:
+        """Refuse a model whose adapters the engine would refuse at every publish."""
+        limit = self.engine_config.max_lora_rank
+        if self.engine_config.kind == "transformers":
+            return  # the in-process engine serves any rank
+        problem = None
+        if model.config.lora.rank > limit:
+            problem = f"trains a LoRA of rank {model.config.lora.rank}"
+        elif (latest := paths.latest_checkpoint()) is not None:
+            try:
+                rank = int(json.loads((latest[1] / "adapter_config.json").read_text())["r"])
+            except (OSError, ValueError, KeyError, TypeError):
+                rank = 0  # unreadable: loading it will say why
+            if rank > limit:
+                problem = f"resumes from checkpoint {latest[1]}, a LoRA of rank {rank}"
+        if problem is not None:
+            raise ConfigError(
+                f"model {model.name!r} {problem}, but the engine serves adapters up to rank "
+                f"{limit} (EngineConfig.max_lora_rank), so every publish would fail; fix: "
+                "start the engine with a max_lora_rank at least that large "
+                "(`rlcoach serve --max-lora-rank`), or train a smaller rank under a new name"
+            )
+
+    def training_limits(self) -> TrainingLimits:
+        """The vocabulary and context that training input must fit (training_input.py)."""
+        if self._limits is None:
+            if self._model_path is None:
+                raise ConfigError("the backend is not started; register a model first")
+            self._limits = training_limits(self._model_path, self.engine_config.max_model_len)
+        return self._limits
+
     def sinks(self, model: TrainableModel) -> SinkSet:
         """The sinks recording `model`'s run (the disk record and the plug-ins)."""
         if model.name not in self._sinks:
@@ -311,7 +351,7 @@ class LocalBackend:
             return len(resolved.train_gpus)
         return max(self.engine_config.placement.cpu_train_ranks, 1)
 
-    def _make_trainer(self, model: TrainableModel) -> LoraTrainer | DistributedTrainer:
+    def _make_trainer(self, model: TrainableModel) -> Trainer:
         assert self._model_path is not None
         ranks = self._train_ranks()
         if ranks == 1:
@@ -331,18 +371,18 @@ class LocalBackend:
             self._model_path, model.config, ranks=ranks, backend="nccl", env=env, log_file=log
         )
 
-    def _trainer(self, model: TrainableModel) -> LoraTrainer | DistributedTrainer:
+    def _trainer(self, model: TrainableModel) -> Trainer:
         """The model's trainer; at most `max_trainers` stay in memory (least recently used
         goes first: every step's checkpoint holds its adapter and optimizer state, so a
         trainer made again from it resumes exactly, as does one whose ranks died)."""
         trainer = self._trainers.pop(model.name, None)
-        if trainer is not None and getattr(trainer, "closed", False):
+        if trainer is not None and trainer.closed:
             logger.warning("the training ranks of %s are gone; starting new ones", model.name)
             trainer = None
         if trainer is None:
             while len(self._trainers) >= self.max_trainers:
                 evicted = next(iter(self._trainers))
-                _close_trainer(self._trainers.pop(evicted))
+                self._trainers.pop(evicted).close()
                 logger.info(
                     "released the trainer of %s (max_trainers=%d)", evicted, self.max_trainers
                 )
@@ -369,6 +409,7 @@ class LocalBackend:
         if self.gateway is None or model.name not in self._models:
             raise ConfigError(f"model {model.name!r} is not registered with this backend")
         train_config = parse_config(TrainConfig, config) if config is not None else model.config
+        await asyncio.to_thread(check_groups, groups, self.training_limits())
         started = time.perf_counter()
         sinks = self.sinks(model)
         next_step = model.step + 1
@@ -376,9 +417,16 @@ class LocalBackend:
         trainer = await asyncio.to_thread(self._trainer, model)
         stats = await asyncio.to_thread(trainer.step, groups, train_config)
         if not stats.trained:
-            logger.warning("step %d: no group had reward variance; nothing trained", next_step)
+            skip = await asyncio.to_thread(sinks.mark_skipped, next_step)
+            logger.warning(
+                "step %d, attempt skipped %d: no group had reward variance; nothing trained "
+                "(the model stays at step %d)",
+                next_step,
+                skip,
+                model.step,
+            )
             result = StepResult(model.step, stats, None, 0.0, 0.0)
-            self._record(sinks, model, next_step, "skipped", result, groups, started)
+            self._record(sinks, model, next_step, "skipped", result, groups, started, skip)
             return result
         record = {"request_id": request_id, "stats": stats.as_dict()}
         result = await self._publish_step(model, trainer, stats, record)
@@ -400,6 +448,7 @@ class LocalBackend:
         RL step, so SFT and RL can alternate on one model. The examples are written to
         `sft/<step>.jsonl` in the run folder before training starts.
         """
+        from rlcoach.trainer.lora import LoraTrainer
         from rlcoach.trainer.sft import sft_sequences, sft_train
 
         if self.gateway is None or model.name not in self._models:
@@ -412,6 +461,7 @@ class LocalBackend:
             )
         sft_config = parse_config(SFTConfig, config)
         items = list(data)
+        await asyncio.to_thread(check_examples, items, self.training_limits())
         if not items:
             raise ConfigError(
                 "train_sft got no examples; fix: pass at least one Trajectory or ChatRecord"
@@ -424,6 +474,7 @@ class LocalBackend:
             "".join(item.model_dump_json() + "\n" for item in items),
         )
         trainer = await asyncio.to_thread(self._trainer, model)
+        assert isinstance(trainer, LoraTrainer)  # one training rank: checked above
         tokenizer = await asyncio.to_thread(self._tokenizer)
         sequences = await asyncio.to_thread(sft_sequences, items, tokenizer)
         stats = await asyncio.to_thread(
@@ -454,7 +505,7 @@ class LocalBackend:
     async def _publish_step(
         self,
         model: TrainableModel,
-        trainer: LoraTrainer | DistributedTrainer,
+        trainer: Trainer,
         stats: StepStats | SFTStats,
         record: dict[str, Any],
     ) -> StepResult:
@@ -482,21 +533,26 @@ class LocalBackend:
         result: StepResult,
         groups: list[TrajectoryGroup],
         started: float,
+        skip: int = 0,
     ) -> None:
-        """One metrics record. Sinks get it under `step`, the step its trajectories were
-        logged for, also when nothing trained (the record's own `step` stays the model's)."""
+        """One metrics record, under `step`: the step its trajectories were logged for.
+        A skipped attempt's record says which (`skip`: 1, 2, ... at that step, as in its
+        trajectory file's name) and the step the model stayed at (`model_step`)."""
         record = {
             "event": event,
             **result.as_dict(),
             **rollout_metrics(groups),
             "step_seconds": time.perf_counter() - started,
             "policy": model.served_name,
+            "step": step,
         }
+        if skip:
+            record.update(skip=skip, model_step=result.step)
         sinks.log_metrics(step, record)
 
     @staticmethod
     def _save(
-        trainer: LoraTrainer | DistributedTrainer,
+        trainer: Trainer,
         paths: RunPaths,
         step: int,
         record: dict[str, Any],
@@ -519,7 +575,7 @@ class LocalBackend:
 
     async def close(self) -> None:
         for trainer in self._trainers.values():
-            await asyncio.to_thread(_close_trainer, trainer)
+            await asyncio.to_thread(trainer.close)
         self._trainers.clear()
         for sinks in self._sinks.values():
             await asyncio.to_thread(sinks.close)
@@ -532,10 +588,3 @@ class LocalBackend:
             self.gateway.stop()
         self.gateway = None
         self.engine = None
-
-
-def _close_trainer(trainer: Any) -> None:
-    """Stop a distributed trainer's ranks (a `LoraTrainer` holds nothing to stop)."""
-    close = getattr(trainer, "close", None)
-    if callable(close):
-        close()

@@ -67,7 +67,9 @@ def serve(
     base_model: Annotated[
         str | None, typer.Option(help="A model folder (default: the bundled model).")
     ] = None,
-    engine: Annotated[str, typer.Option(help="vllm or transformers.")] = "vllm",
+    engine: Annotated[
+        str, typer.Option(help="vllm, transformers or transformers-process.")
+    ] = "vllm",
     max_request_mb: Annotated[int, typer.Option(min=1, help="Largest training upload.")] = 64,
     max_concurrent_chats: Annotated[int, typer.Option(min=1)] = 256,
     max_queued_chats: Annotated[int, typer.Option(min=0)] = 1024,
@@ -75,9 +77,36 @@ def serve(
         float, typer.Option(min=0.001, help="Longest wait for an engine slot (then 429).")
     ] = 300.0,
     max_model_len: Annotated[int, typer.Option(min=128)] = 4096,
+    upload_timeout_s: Annotated[
+        float, typer.Option(min=0.001, help="Longest time a body may take to arrive (408).")
+    ] = 300.0,
+    max_lora_rank: Annotated[
+        int, typer.Option(min=1, help="Largest LoRA rank the engine serves.")
+    ] = 16,
+    insecure: Annotated[
+        bool, typer.Option(help="Allow a bind other than loopback without an API key.")
+    ] = False,
+    allowed_host: Annotated[
+        list[str] | None, typer.Option(help="Another name clients use in Host (repeatable).")
+    ] = None,
+    allowed_origin: Annotated[
+        list[str] | None, typer.Option(help="A web origin whose requests are accepted.")
+    ] = None,
+    ssl_certfile: Annotated[Path | None, typer.Option(help="Serve HTTPS: certificate.")] = None,
+    ssl_keyfile: Annotated[Path | None, typer.Option(help="Serve HTTPS: private key.")] = None,
+    keep_last: Annotated[
+        int | None, typer.Option(min=1, help="Newest checkpoints kept (default: all).")
+    ] = None,
+    keep_best: Annotated[
+        int, typer.Option(min=0, help="Also keep the best N steps by --best-metric.")
+    ] = 0,
+    best_metric: Annotated[str, typer.Option(help="A number in metrics.jsonl.")] = "reward_mean",
+    pin: Annotated[list[int] | None, typer.Option(help="A step never pruned (repeatable).")] = None,
 ) -> None:
     """Serve the policy endpoint and training over HTTP (key: $RLCOACH_API_KEY)."""
     import os
+
+    from pydantic import ValidationError
 
     from rlcoach.errors import RLCoachError
     from rlcoach.server import ServeConfig, serve
@@ -89,14 +118,32 @@ def serve(
             port=port,
             root=root,
             **extra,
-            engine={"kind": engine, "max_model_len": max_model_len},
+            engine={
+                "kind": engine,
+                "max_model_len": max_model_len,
+                "max_lora_rank": max_lora_rank,
+            },
             max_request_bytes=max_request_mb * 1024 * 1024,
             max_concurrent_chats=max_concurrent_chats,
             max_queued_chats=max_queued_chats,
             queue_timeout_s=queue_timeout_s,
+            upload_timeout_s=upload_timeout_s,
+            insecure=insecure,
+            allowed_hosts=allowed_host or [],
+            allowed_origins=allowed_origin or [],
+            ssl_certfile=ssl_certfile,
+            ssl_keyfile=ssl_keyfile,
+            retention={
+                "keep_last": keep_last,
+                "keep_best": keep_best,
+                "best_metric": best_metric,
+                "pinned": pin or [],
+            },
         )
-        serve(config, os.environ.get("RLCOACH_API_KEY") or None)
-    except RLCoachError as e:
+        # Taken out of the environment: no child (engine, its watchdog, training ranks)
+        # inherits the key.
+        serve(config, os.environ.pop("RLCOACH_API_KEY", None) or None)
+    except (RLCoachError, ValidationError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
 

@@ -2,7 +2,7 @@
 
 Defaults run on a 2-core CPU with the bundled 135M model. Unknown fields are refused
 (`extra="forbid"`), and a bad value raises `ConfigError` naming the field, the value,
-the reason and the fix.
+the reason and the fix, however the config is built (`Config`, rlcoach.validation).
 """
 
 from __future__ import annotations
@@ -15,17 +15,26 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from rlcoach.errors import ConfigError
 from rlcoach.placement import PlacementConfig
+from rlcoach.validation import Config, config_error
 
-__all__ = ["EngineConfig", "LoraConfig", "SFTConfig", "TrainConfig", "check_name", "parse_config"]
+__all__ = [
+    "Config",
+    "EngineConfig",
+    "LoraConfig",
+    "SFTConfig",
+    "TrainConfig",
+    "check_name",
+    "parse_config",
+]
 
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
-Config = TypeVar("Config", bound=BaseModel)
+AnyConfig = TypeVar("AnyConfig", bound=BaseModel)
 
 
 def check_name(kind: str, value: object) -> str:
     """Check that a model or project name is one safe path component."""
-    if not isinstance(value, str) or not _SAFE_NAME.match(value) or ".." in value:
+    if not isinstance(value, str) or not _SAFE_NAME.fullmatch(value) or ".." in value:
         raise ConfigError(
             f"{kind} name {value!r} is not a safe path component: it becomes a folder under "
             "the run root and part of the served name `name@step`; fix: use 1-100 letters, "
@@ -34,24 +43,18 @@ def check_name(kind: str, value: object) -> str:
     return value
 
 
-def parse_config(cls: type[Config], value: Config | dict[str, Any] | None) -> Config:
-    """Validate `value` as `cls`, turning pydantic's error into a `ConfigError`."""
+def parse_config(cls: type[AnyConfig], value: AnyConfig | dict[str, Any] | None) -> AnyConfig:
+    """`value` (a `cls`, a dict of its fields, or None for the defaults) as a `cls`;
+    a bad value raises `ConfigError`, also for a model that is not a `Config`."""
     if isinstance(value, cls):
         return value
     try:
         return cls.model_validate(value or {})
     except ValidationError as e:
-        problems = []
-        for error in e.errors():
-            field = ".".join(str(part) for part in error["loc"]) or cls.__name__
-            problems.append(f"{field}={error.get('input')!r}: {error['msg']}")
-        fields = ", ".join(sorted(cls.model_fields))
-        raise ConfigError(
-            f"invalid {cls.__name__}: " + "; ".join(problems) + f" (fix: valid fields are {fields})"
-        ) from e
+        raise config_error(cls, e) from e
 
 
-class _Strict(BaseModel):
+class _Strict(Config):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -86,13 +89,13 @@ class TrainConfig(_Strict):
     mismatch_threshold: float = Field(0.2, gt=0.0)
     """A trained token whose |trainer - sampler| log-prob exceeds this counts in the
     step's `mismatch_beyond_fraction` (0.2: about the PPO clip range)."""
-    mini_batches: int = Field(1, ge=1)
+    mini_batches: int = Field(1, ge=1, le=1024)
     """Optimizer steps per batch of groups; 1 is one step per batch."""
-    micro_batch_tokens: int = Field(1024, ge=64)
+    micro_batch_tokens: int = Field(1024, ge=64, le=1 << 20)
     """Tokens per forward/backward pass; sequences are packed up to this many (a longer
     sequence gets a row of its own). Attention inside a row costs its length squared, so
     rows only a little longer than typical sequences are fastest."""
-    logprob_chunk_tokens: int = Field(1024, ge=16)
+    logprob_chunk_tokens: int = Field(1024, ge=16, le=1 << 20)
     """Tokens per chunk of the vocabulary projection (bounds the logits' memory)."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer in the backward pass instead of keeping its
@@ -117,11 +120,11 @@ class TrainConfig(_Strict):
 class SFTConfig(_Strict):
     """Supervised fine-tuning (trainer/sft.py): epochs, batch, optimizer."""
 
-    epochs: int = Field(1, ge=1)
-    batch_size: int = Field(8, ge=1)
+    epochs: int = Field(1, ge=1, le=1000)
+    batch_size: int = Field(8, ge=1, le=1 << 16)
     """Sequences per optimizer step."""
     learning_rate: float = Field(2e-4, gt=0.0, le=1.0)
-    micro_batch_tokens: int = Field(1024, ge=64)
+    micro_batch_tokens: int = Field(1024, ge=64, le=1 << 20)
     max_grad_norm: float = Field(1.0, gt=0.0)
     seed: int = 0
     """Shuffles the sequences each epoch (a pure function of the seed and the epoch)."""
@@ -130,7 +133,9 @@ class SFTConfig(_Strict):
 class EngineConfig(_Strict):
     """The inference engine behind the policy endpoint."""
 
-    kind: Literal["vllm", "transformers"] = "vllm"
+    kind: Literal["vllm", "transformers", "transformers-process"] = "vllm"
+    """vLLM (a supervised subprocess), transformers in this process, or transformers in a
+    supervised subprocess of its own (`engines/transformers_process.py`)."""
     host: str = "127.0.0.1"
     port: int = Field(0, ge=0, le=65535)
     """Port of the policy endpoint (the gateway); 0 picks a free one."""
@@ -138,6 +143,15 @@ class EngineConfig(_Strict):
     max_loras: int = Field(2, ge=1)
     """Adapters the engine holds at once (two: in-flight requests finish on the old one)."""
     max_lora_rank: int = Field(16, ge=1)
+    """Largest LoRA rank the engine serves; a model whose rank is larger is refused when
+    it registers (every publish would fail)."""
+    max_recorded_rollouts: int = Field(10_000, ge=1)
+    """Rollouts whose exchanges the policy endpoint holds until they are taken; the least
+    recently used goes first (counted in `rlcoach serve`'s /metrics)."""
+    recording_ttl_s: float = Field(3600.0, gt=0.0)
+    """A rollout's exchanges not taken within this long of its last call are dropped."""
+    adapter_wait_timeout_s: float = Field(120.0, gt=0.0)
+    """Longest wait for an adapter slot while every loaded adapter serves requests."""
     kv_cache_gib: int = Field(2, ge=1)
     """KV cache size on the CPU in whole GiB (`VLLM_CPU_KVCACHE_SPACE` takes an integer)."""
     gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0)
@@ -160,5 +174,8 @@ class EngineConfig(_Strict):
     @model_validator(mode="after")
     def _template_exists(self) -> EngineConfig:
         if self.chat_template is not None and not Path(self.chat_template).is_file():
-            raise ValueError(f"chat template file {str(self.chat_template)!r} does not exist")
+            raise ValueError(
+                f"chat template file {str(self.chat_template)!r} does not exist; fix: "
+                "point chat_template at a Jinja file, or leave it None for the model's own"
+            )
         return self

@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from rlcoach.errors import ConfigError
 from rlcoach.gather import gather_trajectory_groups
 from rlcoach.types import RolloutFailure, Trajectory, TrajectoryGroup
 
@@ -76,7 +77,10 @@ async def collect_demonstrations(
 ) -> Demonstrations:
     """Run `rollout(teacher, task)` `samples_per_task` times per task; keep the good ones."""
     if samples_per_task < 1:
-        raise ValueError(f"samples_per_task={samples_per_task!r} must be at least 1")
+        raise ConfigError(
+            f"samples_per_task={samples_per_task!r} is below 1: each task needs a teacher "
+            "sample to keep; fix: pass samples_per_task >= 1"
+        )
     groups: list[TrajectoryGroup] = await gather_trajectory_groups(
         ([rollout(teacher, task) for _ in range(samples_per_task)] for task in tasks),
         max_concurrency=max_concurrency,

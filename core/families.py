@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcoach.chat_template import TEXT_MACRO, TOOL_CHAT_TEMPLATE, jinja_literal
+from rlcoach.errors import UnknownNameError
 
 __all__ = [
     "FAMILIES",
@@ -414,7 +415,10 @@ def family_named(name: str) -> Family:
         if family.name == name:
             return family
     known = ", ".join(f.name for f in FAMILIES)
-    raise KeyError(f"no model family {name!r}; known: {known}")
+    raise UnknownNameError(
+        f"no model family {name!r}: rlcoach has no chat template or LoRA targets for it; "
+        f"fix: use one of {known}"
+    )
 
 
 def _vocabulary_markers(folder: Path) -> set[str]:

@@ -32,7 +32,7 @@ import logging
 import socket
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any, TypeVar
 
@@ -81,24 +81,71 @@ def error_response(
 
 
 class Recorder:
-    """Exchanges (request, response) per rollout id, in arrival order. Thread-safe."""
+    """Exchanges (request, response) per rollout id, in arrival order. Thread-safe.
 
-    def __init__(self) -> None:
+    Bounded: a rollout nobody takes (cancelled, timed out, its late replies still
+    arriving) would otherwise be kept forever. A rollout untouched for `ttl_s` expires,
+    the least recently touched one goes when `max_rollouts` are held, and a rollout keeps
+    at most `max_exchanges` calls; everything dropped is counted (`counters()`, served in
+    `rlcoach serve`'s /metrics).
+    """
+
+    def __init__(
+        self, max_rollouts: int = 10_000, max_exchanges: int = 4096, ttl_s: float = 3600.0
+    ) -> None:
+        self.max_rollouts = max_rollouts
+        self.max_exchanges = max_exchanges
+        self.ttl_s = ttl_s
         self._lock = threading.Lock()
-        self._exchanges: dict[str, list[Exchange]] = defaultdict(list)
+        # Ordered by last touch, so the expired and the least recent are at the front.
+        self._exchanges: OrderedDict[str, tuple[float, list[Exchange]]] = OrderedDict()
+        self._dropped: Counter[str] = Counter()
 
     def add(self, rollout_id: str, request: dict[str, Any], response: dict[str, Any]) -> None:
+        now = time.monotonic()
         with self._lock:
-            self._exchanges[rollout_id].append((request, response))
+            self._expire(now)
+            _, exchanges = self._exchanges.pop(rollout_id, (now, []))
+            while len(self._exchanges) >= self.max_rollouts:
+                _, (_, evicted) = self._exchanges.popitem(last=False)
+                self._dropped["rollouts_evicted"] += 1
+                self._dropped["exchanges"] += len(evicted)
+            if len(exchanges) >= self.max_exchanges:
+                self._dropped["exchanges_over_limit"] += 1
+            else:
+                exchanges.append((request, response))
+            self._exchanges[rollout_id] = (now, exchanges)
 
     def take(self, rollout_id: str) -> list[Exchange]:
         with self._lock:
-            return self._exchanges.pop(rollout_id, [])
+            self._expire(time.monotonic())
+            return self._exchanges.pop(rollout_id, (0.0, []))[1]
+
+    def _expire(self, now: float) -> None:
+        while self._exchanges:
+            touched, exchanges = next(iter(self._exchanges.values()))
+            if now - touched < self.ttl_s:
+                return
+            self._exchanges.popitem(last=False)
+            self._dropped["rollouts_expired"] += 1
+            self._dropped["exchanges"] += len(exchanges)
+
+    def counters(self) -> dict[str, int]:
+        """Rollouts held now and what was dropped so far (for /metrics)."""
+        with self._lock:
+            self._expire(time.monotonic())
+            return {
+                "recorder_rollouts": len(self._exchanges),
+                "recorder_rollouts_expired": self._dropped["rollouts_expired"],
+                "recorder_rollouts_evicted": self._dropped["rollouts_evicted"],
+                "recorder_exchanges_dropped": self._dropped["exchanges"]
+                + self._dropped["exchanges_over_limit"],
+            }
 
     def replies(self, rollout_id: str) -> dict[str, dict[str, Any]]:
         """The recorded choices of a rollout that called tools, by their message's key."""
         with self._lock:
-            exchanges = list(self._exchanges.get(rollout_id, ()))
+            exchanges = list(self._exchanges.get(rollout_id, (0.0, []))[1])
         found = {}
         for _, response in exchanges:
             for choice in response.get("choices") or []:
@@ -118,6 +165,18 @@ def _unavailable(error: Exception) -> JSONResponse:
     return response
 
 
+_INTEGER_FIELDS = (
+    ("n", 1, 128),
+    ("max_tokens", 1, 1 << 20),
+    ("max_completion_tokens", 1, 1 << 20),
+    ("top_logprobs", 0, 20),
+    ("seed", -(1 << 63), (1 << 63) - 1),
+)
+"""Integer fields of a chat request and their bounds (OpenAI's where it has them)."""
+
+_NUMBER_FIELDS = (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0))
+
+
 def _check_body(body: Any) -> str | None:
     """Return what is wrong with a chat-completion body, or None."""
     if not isinstance(body, dict):
@@ -130,9 +189,30 @@ def _check_body(body: Any) -> str | None:
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             return f"`messages[{index}]` must be an object with a string `role`, got {message!r}"
-    n = body.get("n", 1)
-    if n is not None and (not isinstance(n, int) or n < 1):
-        return f"`n` must be a positive integer, got {n!r}"
+    for field, low, high in _INTEGER_FIELDS:
+        value = body.get(field)
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high
+        ):
+            bounds = (
+                f"a positive integer up to {high}"
+                if low == 1
+                else f"an integer from {low} to {high}"
+            )
+            return f"`{field}` must be {bounds}, got {value!r:.40}"
+    for field, low, high in _NUMBER_FIELDS:
+        value = body.get(field)
+        if value is not None and (
+            not isinstance(value, int | float)
+            or isinstance(value, bool)
+            or not low <= value <= high  # also refuses NaN
+        ):
+            return f"`{field}` must be a number from {low} to {high}, got {value!r:.40}"
+    stop = body.get("stop")
+    if stop is not None and not (
+        isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(x, str) for x in stop))
+    ):
+        return f"`stop` must be a string or a list of strings, got {stop!r:.60}"
     return tool_choice_problem(body.get("tool_choice"))
 
 
@@ -140,11 +220,20 @@ class Gateway:
     """The ASGI app plus the thread that serves it."""
 
     def __init__(
-        self, engine: Engine, router: Router, host: str = "127.0.0.1", port: int = 0
+        self,
+        engine: Engine,
+        router: Router,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        recorder: Recorder | None = None,
+        call_timeout_s: float = 600.0,
     ) -> None:
         self.engine = engine
         self.router = router
-        self.recorder = Recorder()
+        self.recorder = recorder or Recorder()
+        self.call_timeout_s = call_timeout_s
+        """Default limit of `call` (an engine start passes its own)."""
         self.host = host
         self.port = port
         self.app = Starlette(
@@ -171,6 +260,8 @@ class Gateway:
             body = json.loads(await request.body())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             return error_response(400, f"the request body is not valid JSON: {e}")
+        except RecursionError:
+            return error_response(400, "the request body nests JSON too deeply for a chat")
         problem = _check_body(body)
         if problem is not None:
             return error_response(400, problem)
@@ -388,9 +479,21 @@ class Gateway:
             raise EngineError("the gateway is not started")
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
-    async def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Await `coro` on the gateway's loop from any other loop."""
-        return await asyncio.wrap_future(self.submit(coro))
+    async def call(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        """Await `coro` on the gateway's loop from any other loop, for at most `timeout_s`
+        (default `call_timeout_s`); past it the coroutine is cancelled and `EngineError`
+        raised, so no caller waits forever on a wedged engine."""
+        limit = self.call_timeout_s if timeout_s is None else timeout_s
+        name = getattr(coro, "__qualname__", "a call")
+        future = self.submit(coro)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), limit)
+        except TimeoutError as e:
+            future.cancel()
+            raise EngineError(
+                f"{name} did not finish within {limit:.0f} s on the policy endpoint's loop; "
+                "the engine may be wedged (its log says more)"
+            ) from e
 
     def stop(self) -> None:
         if self._server is not None:

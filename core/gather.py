@@ -20,7 +20,7 @@ from typing import ParamSpec, TypeVar
 
 from tqdm.auto import tqdm
 
-from rlcoach.errors import ConfigError, RolloutError
+from rlcoach.errors import ConfigError, RolloutError, UsageError
 from rlcoach.types import RolloutFailure, Trajectory, TrajectoryGroup
 
 __all__ = ["AfterEach", "RolloutFn", "gather_trajectory_groups", "retry"]
@@ -64,7 +64,7 @@ async def gather_trajectory_groups(
             try:
                 trajectory = await attempt
                 if not isinstance(trajectory, Trajectory):
-                    raise TypeError(
+                    raise UsageError(
                         f"a rollout returned {type(trajectory).__name__}, not a Trajectory; "
                         "fix: return `rollout.trajectory` from the rollout function"
                     )

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunPaths", "append_jsonl", "write_text_atomic"]
+__all__ = ["RunPaths", "append_jsonl", "fsync_dir", "fsync_tree", "write_text_atomic"]
 
 DEFAULT_ROOT = Path(".rlcoach")
 
@@ -34,8 +34,17 @@ class RunPaths:
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints / f"{step:06d}"
 
-    def trajectory_file(self, step: int) -> Path:
-        return self.trajectories / f"{step:06d}.jsonl"
+    def trajectory_file(self, step: int, skip: int = 0) -> Path:
+        """The groups trained at `step`; `skip` > 0: those of its `skip`-th attempt that
+        trained nothing (no group had reward variance), kept beside it."""
+        suffix = f"-skip{skip}" if skip else ""
+        return self.trajectories / f"{step:06d}{suffix}.jsonl"
+
+    def skipped_attempts(self, step: int) -> int:
+        """How many attempts at `step` were skipped so far (their files are on disk)."""
+        if not self.trajectories.is_dir():
+            return 0
+        return len(list(self.trajectories.glob(f"{step:06d}-skip*.jsonl")))
 
     def latest_checkpoint(self) -> tuple[int, Path] | None:
         """The highest complete checkpoint; temp folders of a crashed save are skipped."""
@@ -88,3 +97,25 @@ def append_jsonl(path: str | os.PathLike[str], record: dict[str, Any]) -> None:
         handle.write(line)
         handle.flush()
         os.fsync(handle.fileno())
+
+
+def fsync_dir(folder: str | os.PathLike[str]) -> None:
+    """Flush a folder's entries (a rename into it, a file made in it) to the disk."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(folder: str | os.PathLike[str]) -> None:
+    """Flush every file under `folder`, and the folders themselves, to the disk: a
+    checkpoint renamed into place after this survives a power cut whole."""
+    root = Path(folder)
+    for path in sorted(root.rglob("*"), reverse=True):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+        elif path.is_dir():
+            fsync_dir(path)
+    fsync_dir(root)

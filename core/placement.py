@@ -28,14 +28,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from rlcoach.errors import ConfigError
+from rlcoach.validation import Config
 
 __all__ = ["Placement", "PlacementConfig", "resolve_placement"]
 
 
-class PlacementConfig(BaseModel):
+class PlacementConfig(Config):
     """GPU indices for serving and training; empty lists are derived (module docstring)."""
 
     model_config = ConfigDict(extra="forbid")

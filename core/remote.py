@@ -24,6 +24,7 @@ import os
 import uuid
 import weakref
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -318,22 +319,24 @@ def _error(response: httpx.Response) -> Exception:
         message, code = response.text[:500], None
     status = response.status_code
     text = f"the server answered {status}: {message}"
+    if status == 400 and code == "invalid_training_data":
+        return TrainingDataError(text)
     if status in (400, 401, 403, 409):
         return ConfigError(text)
     if status == 404 and code == "model_not_found":
         return UnknownModelError(text)
     if status == 413:
         return TrainingDataError(text)
-    retryable = status in (408, 429) or status >= 500
+    retryable = status in (408, 429) or (status >= 500 and status != 507)  # 507: disk full
     return RemoteError(text, status=status, code=code, retryable=retryable)
 
 
 def _step_result(wire: StepResultWire) -> StepResult:
     from rlcoach.backend import StepResult
-    from rlcoach.trainer.lora import StepStats
-    from rlcoach.trainer.sft import SFTStats
+    from rlcoach.trainer.base import SFTStats, StepStats
 
     kind = SFTStats if wire.kind == "sft" else StepStats
-    stats = kind(**{name: wire.stats[name] for name in kind.__slots__})
+    # A field with a default may be missing from an older server's answer.
+    stats = kind(**{f.name: wire.stats[f.name] for f in fields(kind) if f.name in wire.stats})
     checkpoint = Path(wire.checkpoint) if wire.checkpoint else None  # relative to the server's root
     return StepResult(wire.step, stats, checkpoint, wire.publish_seconds, wire.save_seconds)

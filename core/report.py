@@ -23,6 +23,7 @@ import io
 import json
 import logging
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,8 @@ __all__ = ["RunRecord", "read_run", "write_report"]
 
 logger = logging.getLogger(__name__)
 
+_TRAJECTORY_FILE = re.compile(r"([0-9]+)(?:-skip([0-9]+))?\.jsonl")
+
 
 @dataclass
 class RunRecord:
@@ -46,7 +49,11 @@ class RunRecord:
     dir: Path
     info: dict[str, Any]
     metrics: list[dict[str, Any]]
-    steps: dict[int, list[TrajectoryGroup]]
+    steps: dict[tuple[int, int], list[TrajectoryGroup]]
+    """Groups by (step, skip): skip 0 is what the step trained on, k > 0 its k-th attempt
+    that trained nothing (`<step>-skip<k>.jsonl`)."""
+    unreadable_lines: int = 0
+    """Lines of metrics.jsonl that are not JSON (torn by a crash); skipped."""
 
 
 def read_run(folder: str | os.PathLike[str]) -> RunRecord:
@@ -61,17 +68,20 @@ def read_run(folder: str | os.PathLike[str]) -> RunRecord:
     info = {}
     if (path / "run.json").is_file():
         info = json.loads((path / "run.json").read_text())
-    metrics = []
+    metrics, unreadable = [], 0
     if metrics_file.is_file():
         for line in metrics_file.read_text().splitlines():
             if line.strip():
-                metrics.append(json.loads(line))
+                try:
+                    metrics.append(json.loads(line))
+                except (ValueError, RecursionError):
+                    unreadable += 1
     steps = {}
     if trajectories.is_dir():
         for file in sorted(trajectories.glob("*.jsonl")):
-            if file.stem.isdigit():
-                steps[int(file.stem)] = load_groups(file)
-    return RunRecord(path, info, metrics, steps)
+            if match := _TRAJECTORY_FILE.fullmatch(file.name):
+                steps[(int(match[1]), int(match[2] or 0))] = load_groups(file)
+    return RunRecord(path, info, metrics, steps, unreadable)
 
 
 # -- numbers ---------------------------------------------------------------------------
@@ -85,29 +95,40 @@ def _stats(values: Sequence[float]) -> dict[str, float]:
     return {"mean": mean, "std": std, "min": min(values), "max": max(values)}
 
 
+def _in_order(key: tuple[int, int]) -> tuple[int, bool, int]:
+    """(step, skip) in the order things happened: a step's skipped attempts, then it."""
+    step, skip = key
+    return step, skip == 0, skip
+
+
 def _step_rows(run: RunRecord) -> list[dict[str, Any]]:
     """One row per step: rewards from the trajectories, the rest from the last record."""
-    records: dict[int, dict[str, Any]] = {}
+    records: dict[tuple[int, int], dict[str, Any]] = {}
     for record in run.metrics:
         if record.get("event") in ("train", "skipped") and isinstance(record.get("step"), int):
-            # A skipped step keeps the step number it failed to advance; key it by the
-            # trajectory file it saved (the next step).
-            step = record["step"] + (1 if record["event"] == "skipped" else 0)
-            records[step] = record
+            skip = record.get("skip", 0)
+            step = record["step"]
+            if record["event"] == "skipped" and "skip" not in record:
+                # Written before skipped attempts had files of their own: the record holds
+                # the step it failed to advance, and its groups went to the next step's file.
+                step, skip = step + 1, 0
+            records[(step, skip if isinstance(skip, int) else 0)] = record
     rows = []
-    for step in sorted(set(run.steps) | set(records)):
-        trajectories = [t for g in run.steps.get(step, []) for t in g.trajectories]
+    for key in sorted(set(run.steps) | set(records), key=_in_order):
+        step, skip = key
+        trajectories = [t for g in run.steps.get(key, []) for t in g.trajectories]
         rewards = _stats([t.reward for t in trajectories])
         success = [t.metrics["success"] for t in trajectories if "success" in t.metrics]
         record = records.get(step, {})
         rows.append(
             {
                 "step": step,
-                "event": record.get("event", "-"),
+                "label": f"{step} (skip {skip})" if skip else str(step),
+                "event": record.get("event", "skipped" if skip else "-"),
                 "rewards": rewards,
                 "success": sum(success) / len(success) if success else None,
                 "rollouts": len(trajectories),
-                "failures": sum(len(g.failures) for g in run.steps.get(step, [])),
+                "failures": sum(len(g.failures) for g in run.steps.get(key, [])),
                 "record": record,
             }
         )
@@ -278,7 +299,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
         )
         publish = record.get("publish_seconds")
         cells = [
-            (row["step"], 0),
+            (row["label"], 0),
             (row["event"], 0),
             (r.get("mean"), 3),
             (r.get("std"), 3),
@@ -322,8 +343,8 @@ def _trajectory_html(
     number: int, mean: float, trajectory: Trajectory, tokenizer: Any, opened: bool = False
 ) -> str:
     advantage = trajectory.reward - mean
-    judge = [line for line in trajectory.logs if line.startswith("RULER")]
-    other = [line for line in trajectory.logs if not line.startswith("RULER")]
+    judge = [verdict.describe() for verdict in trajectory.verdicts]
+    other = trajectory.logs  # older run folders hold the judge's lines here
     line = timeline(trajectory)
     calls = "".join(
         f"<li class='{'err' if c.error else ''}'><code>{html.escape(c.name)}"
@@ -340,7 +361,10 @@ def _trajectory_html(
         f"{advantage:+.3f} · {html.escape(', '.join(trajectory.policy_versions))}"
         + (f" · {meta}" if meta else "")
     )
-    body = [f"<p class='kv'>metrics: {metrics or '-'}<br>id: <code>{trajectory.id}</code></p>"]
+    body = [
+        f"<p class='kv'>metrics: {metrics or '-'}<br>"
+        f"id: <code>{html.escape(trajectory.id)}</code></p>"
+    ]
     if judge:
         body.append(
             "<div class='judge'><b>Judge</b>"
@@ -427,11 +451,12 @@ def write_report(
     rows = _step_rows(run)
     loaded = _tokenizer(run, tokenizer) if samples_per_step and run.steps else None
     sections: list[str] = []
-    for step, groups in sorted(run.steps.items()):
+    for (step, skip), groups in sorted(run.steps.items(), key=lambda item: _in_order(item[0])):
         chosen = _sample(groups, samples_per_step)
         if chosen:  # the very first trajectory opens, so the page shows one at once
+            title = f"Step {step}" + (f" (skipped attempt {skip}: nothing trained)" if skip else "")
             sections.append(
-                f"<h3>Step {step}</h3>"
+                f"<h3>{title}</h3>"
                 + "".join(
                     _trajectory_html(n, mean, t, loaded, opened=not sections and k == 0)
                     for k, (n, mean, t) in enumerate(chosen)

@@ -7,30 +7,40 @@ least recently used idle one making room. Publishing a new step holds new reques
 the new adapter is loaded, so a request for `name` never lands on the old weights after
 publish returns, while requests already running finish on the version they started with
 (the old adapter is only evicted once nothing runs on it). Runs on the gateway's loop.
+
+Every wait is bounded: a load that needs a slot while every loaded adapter is serving
+requests waits at most `wait_timeout_s`, then fails with a retryable `EngineError`. A
+checkpoint deleted on disk is forgotten here (`forget`), and after an engine restart only
+each model's latest adapter is loaded again (`reload_all`); older ones load on demand, so
+a deleted or unreadable old checkpoint cannot keep the engine unavailable.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections import Counter, OrderedDict
 from pathlib import Path
 
 from rlcoach.engines.base import Engine
-from rlcoach.errors import EngineError, UnknownModelError
+from rlcoach.errors import ConfigError, EngineError, UnknownModelError
 
 __all__ = ["Router"]
 
 logger = logging.getLogger(__name__)
 
+_STEP = re.compile(r"[0-9]{1,9}")
+
 
 class Router:
     """Map requested model names to engine names and keep the right adapters loaded."""
 
-    def __init__(self, engine: Engine, max_loras: int) -> None:
+    def __init__(self, engine: Engine, max_loras: int, wait_timeout_s: float = 120.0) -> None:
         self.engine = engine
         self.max_loras = max_loras
+        self.wait_timeout_s = wait_timeout_s
         self.latest: dict[str, int] = {}
         self.checkpoints: dict[str, Path] = {}
         self._loaded: OrderedDict[str, None] = OrderedDict()
@@ -66,7 +76,7 @@ class Router:
         if name in self.latest:
             if not step_text:
                 step = self.latest[name]
-            elif step_text.isdigit():
+            elif _STEP.fullmatch(step_text):  # ASCII digits only: "²".isdigit() is True
                 step = int(step_text)
             else:
                 step = -1
@@ -104,25 +114,51 @@ class Router:
             self._idle.notify_all()
 
     async def publish(self, model: str, step: int, path: Path) -> float:
-        """Serve `path` as `model@step` and make it `model`'s latest; return seconds held."""
+        """Serve `path` as `model@step` and make it `model`'s latest; return seconds held.
+
+        On failure nothing changes: the step is not served, not latest, not known."""
         started = time.perf_counter()
         self._swap_done.clear()
+        served = f"{model}@{step}"
+        known = self.checkpoints.get(served)
         try:
-            served = f"{model}@{step}"
             self.checkpoints[served] = path
             await self._ensure_loaded(served, reload=True)
             self.latest[model] = step
+        except BaseException:
+            if known is None:
+                self.checkpoints.pop(served, None)
+            else:
+                self.checkpoints[served] = known
+            raise
         finally:
             self._swap_done.set()
         held = time.perf_counter() - started
         logger.info("published %s in %.0f ms", served, held * 1000)
         return held
 
+    def forget(self, served: str) -> None:
+        """Stop serving `served` (its checkpoint is being deleted); never a model's latest.
+        Requests running on it finish; the engine drops it when its slot is next needed."""
+        name, _, step = served.partition("@")
+        if self.latest.get(name) == int(step or -1):
+            raise ConfigError(
+                f"{served} is the latest step of {name!r}; fix: train a newer step first"
+            )
+        self.checkpoints.pop(served, None)
+
     async def reload_all(self) -> None:
-        """Load every adapter this router believes loaded again (after an engine restart)."""
+        """After an engine restart: load each model's latest adapter again. The others
+        this router had loaded are forgotten as loaded and come back on demand."""
         async with self._load_lock:
+            wanted = {f"{m}@{s}" for m, s in self.latest.items() if s > 0}
             for engine_name in list(self._loaded):
+                if engine_name not in wanted:
+                    self._loaded.pop(engine_name)
+            for engine_name in sorted(wanted):
                 await self.engine.load_adapter(engine_name, self.checkpoints[engine_name])
+                self._loaded[engine_name] = None
+                self._loaded.move_to_end(engine_name)
 
     async def _ensure_loaded(self, engine_name: str, reload: bool = False) -> None:
         async with self._load_lock:
@@ -136,9 +172,25 @@ class Router:
             await self.engine.load_adapter(engine_name, self.checkpoints[engine_name])
             self._loaded[engine_name] = None
 
+    def _idle_victim(self, keep: str) -> str | None:
+        """The least recently used loaded adapter with nothing running on it: first any
+        the router no longer serves (a deleted checkpoint), then by use."""
+        idle = [n for n in self._loaded if n != keep and self._inflight[n] == 0]
+        forgotten = [n for n in idle if n not in self.checkpoints]
+        return (forgotten or idle or [None])[0]
+
     async def _evict_one(self, keep: str) -> None:
-        victim = next(name for name in self._loaded if name != keep)
         async with self._idle:
-            await self._idle.wait_for(lambda: self._inflight[victim] == 0)
+            try:
+                victim = await asyncio.wait_for(
+                    self._idle.wait_for(lambda: self._idle_victim(keep)), self.wait_timeout_s
+                )
+            except TimeoutError as e:
+                raise EngineError(
+                    f"all {self.max_loras} adapter slots of the engine were busy serving "
+                    f"requests for {self.wait_timeout_s:.0f} s, so {keep!r} could not be "
+                    "loaded; retry shortly, or start the engine with a larger "
+                    "EngineConfig.max_loras"
+                ) from e
         await self.engine.unload_adapter(victim)
         self._loaded.pop(victim, None)

@@ -16,8 +16,10 @@ answers:
 
 Choices, and why:
 - Every route but `/health` wants the API key (`Authorization: Bearer`, as OpenAI
-  clients send it, or `X-API-Key`), compared in constant time and never logged. The
-  default bind is 127.0.0.1; exposing the server without a key logs a warning.
+  clients send it, or `X-API-Key`), compared in constant time and never logged; requests
+  from web pages (an `Origin` header) and, on loopback, with a foreign `Host` are refused
+  (access.py). The default bind is 127.0.0.1; binding anything else without a key is
+  refused unless `--insecure`. `--ssl-certfile`/`--ssl-keyfile` serve HTTPS.
 - Names from requests are checked as single safe path components before any path is
   built, and every checkpoint path is checked to lie under the root. The base model is
   the one the server was started with; a client cannot point the server at a folder.
@@ -25,14 +27,25 @@ Choices, and why:
   for one of `max_concurrent_chats` engine slots in a bounded queue; a full queue or a
   wait past `queue_timeout_s` answers 429 (OpenAI clients retry it). All errors are
   OpenAI-shaped.
-- Training (RL or SFT) is idempotent per request id: the groups or examples are written
+- Training input is checked (training_input.py: token ids in the vocabulary, calls within
+  `max_model_len`, finite rewards and log-probs) before anything is written; a refusal is
+  a 400 `invalid_training_data` that clients do not retry.
+- Training (RL or SFT) is idempotent per request id: the id is claimed before the first
+  await (two uploads of one id at once train once), the groups or examples are written
   to disk before the upload is acknowledged, the step runs as a task of its own (a client
   that hangs up does not cancel it), one step per model at a time, and the result is
   kept on disk. A retry of an id that is running attaches to it; a retry of a finished
   id gets the first result, found in the result file or in the checkpoint's step record
   (which is renamed into place with the adapter, so a kill -9 between the rename and the
   answer loses nothing). After a restart the model resumes from its latest complete
-  checkpoint.
+  checkpoint. A failed step is retryable only when its error says so (an `RLCoachError`
+  marked `retryable`: the engine or the training ranks died); anything else, a bug
+  included, is final, so a deterministic failure is not retrained for the client's whole
+  retry budget. Shutdown cancels the running steps and waits for them.
+- After each finished step the retention policy (retention.py) prunes old checkpoints,
+  optimizer states, request files and engine logs; it never touches the latest step.
+- Hostile input gets a 4xx with a message, never a 500: numbers are parsed only from
+  ASCII digits of bounded length, JSON nesting is bounded, a torn metrics line is skipped.
 - The gateway stays what it is (its own thread and loop, a private port on 127.0.0.1);
   this server forwards to it. A crashed vLLM is restarted by the backend's supervisor;
   meanwhile chat requests fail fast with a retryable 503.
@@ -42,11 +55,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
-import ipaddress
 import json
 import logging
-import shutil
+import re
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -54,14 +65,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
 
+from rlcoach.access import AccessGuard, check_exposure, is_loopback
 from rlcoach.backend import LocalBackend, StepResult
 from rlcoach.bundled import BUNDLED_MODEL
 from rlcoach.config import EngineConfig, check_name
@@ -69,7 +80,10 @@ from rlcoach.errors import ConfigError, EngineError, RLCoachError, TrainingDataE
 from rlcoach.gateway import ROLLOUT_HEADER
 from rlcoach.model import TrainableModel
 from rlcoach.paths import DEFAULT_ROOT, RunPaths, write_text_atomic
+from rlcoach.retention import RetentionConfig, apply_retention, remove_checkpoint
 from rlcoach.step_records import finished_step, list_checkpoints, step_result_wire
+from rlcoach.training_input import TrainingLimits, check_examples, check_groups
+from rlcoach.validation import Config
 from rlcoach.wire import (
     API_PREFIX,
     API_VERSION,
@@ -89,8 +103,11 @@ logger = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
 
+_NUMBER = re.compile(r"[0-9]{1,15}")
+"""A number in a path or header: ASCII digits ("²".isdigit() is True), bounded length."""
 
-class ServeConfig(BaseModel):
+
+class ServeConfig(Config):
     """How `rlcoach serve` listens and what it accepts."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -119,6 +136,32 @@ class ServeConfig(BaseModel):
     """Seconds between heartbeat events while a step runs."""
     upstream_timeout_s: float = Field(600.0, gt=0.0)
     """Timeout of each call to the gateway (and so to the engine)."""
+    upload_timeout_s: float = Field(300.0, gt=0.0)
+    """Longest time a request body may take to arrive; longer answers 408."""
+    insecure: bool = False
+    """Allow a bind other than loopback without an API key (refused otherwise)."""
+    allowed_hosts: list[str] = Field(default_factory=list)
+    """More names the `Host` header may carry (loopback names are allowed on a loopback
+    bind; on another bind, given names turn the check on)."""
+    allowed_origins: list[str] = Field(default_factory=list)
+    """Web origins whose requests are accepted (`https://app.example`); others get 403."""
+    ssl_certfile: Path | None = None
+    """Serve HTTPS with this certificate (PEM); needs `ssl_keyfile`."""
+    ssl_keyfile: Path | None = None
+    """The certificate's private key (PEM)."""
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    """What is pruned after each step (checkpoints, optimizer states, requests, logs)."""
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ServeConfig:
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError(
+                "ssl_certfile and ssl_keyfile go together; fix: pass both (or neither)"
+            )
+        for path in (self.ssl_certfile, self.ssl_keyfile):
+            if path is not None and not Path(path).is_file():
+                raise ValueError(f"TLS file {str(path)!r} does not exist")
+        return self
 
 
 class _Refusal(Exception):
@@ -142,45 +185,6 @@ class _Refusal(Exception):
         return JSONResponse(body, status_code=self.status, headers=headers)
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-class _KeyGuard:
-    """ASGI middleware: every route but /health needs the key (constant-time compare)."""
-
-    def __init__(self, app: ASGIApp, api_key: str | None) -> None:
-        self.app = app
-        self.key = api_key.encode() if api_key else None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.key is None or scope["path"] == "/health":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope["headers"])
-        given = headers.get(b"x-api-key", b"")
-        bearer = headers.get(b"authorization", b"")
-        if bearer[:7].lower() == b"bearer ":
-            given = bearer[7:].strip()
-        # compare_digest on equal-length inputs only would leak the length; on bytes of
-        # any length it does not short-circuit on content.
-        if not hmac.compare_digest(given, self.key):
-            message = ("missing API key" if not given else "invalid API key") + (
-                ": send `Authorization: Bearer <key>` with the key the server was started "
-                "with ($RLCOACH_API_KEY on the server); fix: RemoteBackend(url, api_key=...) "
-                "or export RLCOACH_API_KEY"
-            )
-            response = JSONResponse(error_body(message, code="invalid_api_key"), status_code=401)
-            await response(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-
 class PolicyServer:
     """The app behind `rlcoach serve` and the state it keeps."""
 
@@ -196,6 +200,7 @@ class PolicyServer:
         self._waiting = 0
         self._active = 0
         self._trains: dict[str, asyncio.Task[StepResultWire]] = {}
+        self._admitted: dict[str, asyncio.Future[None]] = {}
         self._uploads = 0
         self._model_locks: dict[str, asyncio.Lock] = {}
         self._register_lock = asyncio.Lock()
@@ -227,7 +232,13 @@ class PolicyServer:
                 Exception: self._crash,
             },
         )
-        self.app = _KeyGuard(app, api_key)
+        self.app = AccessGuard(
+            app,
+            api_key,
+            bind_host=config.host,
+            allowed_hosts=config.allowed_hosts,
+            allowed_origins=config.allowed_origins,
+        )
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -244,6 +255,13 @@ class PolicyServer:
         try:
             yield
         finally:
+            # Steps stop at their next await (a running optimizer step finishes in its
+            # thread, but nothing after it is written); clients retry after a restart.
+            running = list(self._trains.values())
+            for task in running:
+                task.cancel()
+            if running:
+                await asyncio.wait(running, timeout=60)
             await self._upstream.aclose()
             await self.backend.close()
 
@@ -251,7 +269,9 @@ class PolicyServer:
 
     async def _read(self, request: Request, limit: int) -> bytes:
         length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > limit:
+        if length is not None and not _NUMBER.fullmatch(length):
+            raise _Refusal(400, f"Content-Length {length[:40]!r} is not a byte count")
+        if length is not None and int(length) > limit:
             self.counters["rejected_too_large"] += 1
             raise _Refusal(
                 413,
@@ -261,18 +281,31 @@ class PolicyServer:
                 code="too_large",
             )
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                self.counters["rejected_too_large"] += 1
-                raise _Refusal(
-                    413,
-                    f"the request body is over the server's limit of {limit} "
-                    "bytes; fix: send less per request, or raise the server's "
-                    "limit (--max-request-mb)",
-                    code="too_large",
-                )
-            chunks.append(chunk)
+        timeout = self.config.upload_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        self.counters["rejected_too_large"] += 1
+                        raise _Refusal(
+                            413,
+                            f"the request body is over the server's limit of {limit} "
+                            "bytes; fix: send less per request, or raise the server's "
+                            "limit (--max-request-mb)",
+                            code="too_large",
+                        )
+                    chunks.append(chunk)
+        except TimeoutError as e:
+            # A body that trickles in holds a slot of max_pending_trains (and memory).
+            self.counters["rejected_slow_upload"] += 1
+            raise _Refusal(
+                408,
+                f"the request body did not arrive within {timeout:.0f} s ({size} bytes "
+                "came); nothing was kept — fix: send it again over a faster link, or "
+                "start the server with a larger --upload-timeout-s",
+                code="upload_timeout",
+            ) from e
         return b"".join(chunks)
 
     @staticmethod
@@ -339,7 +372,7 @@ class PolicyServer:
             raise _Refusal(
                 503, gateway.router.unavailable, kind="server_error", code="engine_unavailable"
             )
-        if not await gateway.call(gateway.engine.healthy()):
+        if not await gateway.call(gateway.engine.healthy(), timeout_s=10.0):
             raise _Refusal(
                 503,
                 "the inference engine is not answering",
@@ -375,6 +408,7 @@ class PolicyServer:
                 "chats_active": self._active,
                 "chats_waiting": self._waiting,
                 "trains_running": len(self._trains),
+                **(self.backend.gateway.recorder.counters() if self.backend.gateway else {}),
                 "engine_restarts": self.backend.supervisor.restarts
                 if self.backend.supervisor
                 else 0,
@@ -460,7 +494,15 @@ class PolicyServer:
 
     async def _list_served(self, request: Request) -> Response:
         assert self._upstream is not None
-        upstream = await self._upstream.get("/v1/models")
+        try:
+            upstream = await self._upstream.get("/v1/models")
+        except httpx.HTTPError as e:
+            raise _Refusal(
+                503,
+                f"the policy endpoint did not answer ({e!r}); retry shortly",
+                kind="server_error",
+                code="engine_unavailable",
+            ) from e
         return Response(
             upstream.content, status_code=upstream.status_code, media_type="application/json"
         )
@@ -486,6 +528,8 @@ class PolicyServer:
                 400, "`groups` is empty; fix: send at least one trajectory group", param="groups"
             )
 
+        await self._check_input(check_groups, train.groups)
+
         def step(model: TrainableModel) -> Awaitable[StepResult]:
             return self.backend.train(
                 model, train.groups, train.config, request_id=train.request_id
@@ -502,12 +546,23 @@ class PolicyServer:
                 param="examples",
             )
 
+        await self._check_input(check_examples, sft.examples)
+
         def step(model: TrainableModel) -> Awaitable[StepResult]:
             return self.backend.train_sft(
                 model, sft.examples, sft.config, request_id=sft.request_id
             )
 
         return await self._start(sft.request_id, sft.model, sft.examples, step, "sft")
+
+    async def _check_input(self, check: Callable[[Any, TrainingLimits], None], items: Any) -> None:
+        """The training-input checks of training_input.py; a problem answers 400."""
+        try:
+            limits = await asyncio.to_thread(self.backend.training_limits)
+            await asyncio.to_thread(check, items, limits)
+        except TrainingDataError as e:
+            self.counters["rejected_training_data"] += 1
+            raise _Refusal(400, str(e), code="invalid_training_data") from e
 
     async def _upload(self, request: Request) -> bytes:
         """A training body, within the size limit and the count of pending requests."""
@@ -539,34 +594,67 @@ class PolicyServer:
         model = await self._model(ref)
         task = self._trains.get(request_id)
         if task is None:
+            # Claimed with no await between the check and the claim: an upload of the
+            # same id arriving meanwhile attaches to this task instead of training again.
             paths = self._run_paths(model.project, model.name)
-            finished = await asyncio.to_thread(finished_step, paths, request_id, self.root)
-            if finished is not None:
-                self.counters["train_replayed"] += 1
-                event = TrainEvent(event="result", request_id=request_id, result=finished)
-                return Response(event.model_dump_json() + "\n", media_type="application/x-ndjson")
-            # The upload is on disk before it is acknowledged (the first event).
-            await asyncio.to_thread(
-                write_text_atomic,
-                paths.dir / "requests" / f"{request_id}.jsonl",
-                "".join(item.model_dump_json() + "\n" for item in items),
+            admitted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            task = asyncio.create_task(
+                self._run_step(model, request_id, items, step, kind, paths, admitted)
             )
-            task = asyncio.create_task(self._run_step(model, request_id, step, kind, paths))
             self._trains[request_id] = task
-            task.add_done_callback(lambda _: self._trains.pop(request_id, None))
-            self.counters["train_started"] += 1
+            self._admitted[request_id] = admitted
+
+            def forget(_: object) -> None:
+                self._trains.pop(request_id, None)
+                self._admitted.pop(request_id, None)
+
+            task.add_done_callback(forget)
         else:
             self.counters["train_attached"] += 1
+            admitted = self._admitted[request_id]
+        # The upload is on disk (or known trained) before it is acknowledged.
+        try:
+            await asyncio.shield(admitted)
+        except OSError as e:
+            self.counters["train_failed"] += 1
+            raise _Refusal(
+                507,
+                f"the upload could not be written to disk ({e}); nothing was trained — "
+                "fix: free space under the server's --root, then send it again",
+                kind="server_error",
+                code="storage_error",
+            ) from e
         return StreamingResponse(self._events(request_id, task), media_type="application/x-ndjson")
 
     async def _run_step(
         self,
         model: TrainableModel,
         request_id: str,
+        items: Sequence[BaseModel],
         step: Callable[[TrainableModel], Awaitable[StepResult]],
         kind: str,
         paths: RunPaths,
+        admitted: asyncio.Future[None],
     ) -> StepResultWire:
+        try:
+            finished = await asyncio.to_thread(finished_step, paths, request_id, self.root)
+            if finished is None:
+                await asyncio.to_thread(
+                    write_text_atomic,
+                    paths.dir / "requests" / f"{request_id}.jsonl",
+                    "".join(item.model_dump_json() + "\n" for item in items),
+                )
+        except asyncio.CancelledError:
+            admitted.cancel()
+            raise
+        except BaseException as e:
+            admitted.set_exception(e)
+            raise
+        admitted.set_result(None)
+        if finished is not None:
+            self.counters["train_replayed"] += 1
+            return finished
+        self.counters["train_started"] += 1
         lock = self._model_locks.setdefault(model.name, asyncio.Lock())
         async with lock:
             wire = step_result_wire(await step(model), self.root, kind)
@@ -575,7 +663,24 @@ class PolicyServer:
                 paths.dir / "requests" / f"{request_id}.result.json",
                 wire.model_dump_json(),
             )
+            await self._prune(model, paths)
             return wire
+
+    async def _prune(self, model: TrainableModel, paths: RunPaths) -> None:
+        """The retention policy after a step; a failure to prune never fails the step."""
+        gateway = self.backend.gateway
+        try:
+            removed = await asyncio.to_thread(
+                apply_retention, paths, self.config.retention, model.step, self.root / "logs"
+            )
+            for step in removed.checkpoints:
+                if gateway is not None:
+                    await gateway.call(_forget(gateway.router, f"{model.name}@{step}"))
+        except Exception:
+            logger.exception("pruning %s failed (the step itself is done)", paths.dir)
+            return
+        for what, count in removed.counts().items():
+            self.counters[f"pruned_{what}"] += count
 
     async def _events(
         self, request_id: str, task: asyncio.Task[StepResultWire]
@@ -590,18 +695,34 @@ class PolicyServer:
             await asyncio.wait({task}, timeout=self.config.heartbeat_s)
             if not task.done():
                 yield line(TrainEvent(event="heartbeat", request_id=request_id))
-        error = task.exception() if not task.cancelled() else EngineError("the step was cancelled")
-        if error is None:
-            yield line(TrainEvent(event="result", request_id=request_id, result=task.result()))
-            return
-        retryable = isinstance(error, EngineError | OSError) or not isinstance(error, RLCoachError)
-        if isinstance(error, TrainingDataError | ConfigError):
-            retryable = False
-        logger.error("training request %s failed: %r", request_id, error)
+        if task.cancelled():
+            error: BaseException = EngineError(
+                "the step was cancelled: the server is shutting down; nothing of it was kept"
+            )
+        else:
+            error = task.exception()  # type: ignore[assignment]
+            if error is None:
+                yield line(TrainEvent(event="result", request_id=request_id, result=task.result()))
+                return
+        # Only an error that says so is worth sending again: anything else (a bug, a
+        # deterministic refusal) would fail the same way for the client's whole budget.
+        retryable = isinstance(error, RLCoachError) and error.retryable
         self.counters["train_failed"] += 1
+        if isinstance(error, RLCoachError):
+            logger.error("training request %s failed: %r", request_id, error)
+            message = f"{type(error).__name__}: {error}"
+        else:
+            logger.error("training request %s failed", request_id, exc_info=error)
+            message = (
+                f"internal error: {type(error).__name__}: {error} (a bug in rlcoach or its "
+                "libraries: sending the same request again would fail the same way; the "
+                "server's log has the traceback)"
+            )
         body = error_body(
-            f"{type(error).__name__}: {error}",
-            kind="invalid_request_error" if not retryable else "server_error",
+            message,
+            kind="invalid_request_error"
+            if isinstance(error, TrainingDataError | ConfigError)
+            else "server_error",
         )
         yield line(
             TrainEvent(
@@ -627,9 +748,9 @@ class PolicyServer:
         p = request.path_params
         paths = self._run_paths(p["project"], p["name"])
         step_text = p["step"]
-        if not step_text.isdigit() or int(step_text) < 1:
+        if not _NUMBER.fullmatch(step_text) or int(step_text) < 1:
             raise _Refusal(
-                400, f"checkpoint step {step_text!r} is not a positive integer", param="step"
+                400, f"checkpoint step {step_text[:40]!r} is not a positive integer", param="step"
             )
         step = int(step_text)
         model = self.models.get(p["name"])
@@ -647,20 +768,28 @@ class PolicyServer:
                 404, f"{p['project']}/{p['name']} has no checkpoint {step}", code="not_found"
             )
         gateway = self.backend.gateway
-        if gateway is not None:
-            gateway.router.checkpoints.pop(f"{p['name']}@{step}", None)
-        await asyncio.to_thread(shutil.rmtree, folder)
+        if gateway is not None:  # no longer served, nor loaded again after an engine crash
+            await gateway.call(_forget(gateway.router, f"{p['name']}@{step}"))
+        await asyncio.to_thread(remove_checkpoint, folder)
         self.counters["checkpoints_deleted"] += 1
         return JSONResponse({"deleted": step})
 
     async def _model_metrics(self, request: Request) -> Response:
         p = request.path_params
         paths = self._run_paths(p["project"], p["name"])
-        records = []
+        records, unreadable = [], 0
         if paths.metrics.is_file():
             text = await asyncio.to_thread(paths.metrics.read_text, encoding="utf-8")
-            records = [json.loads(line) for line in text.splitlines() if line.strip()]
-        return JSONResponse({"records": records})
+            for line in text.splitlines():
+                if not line.strip():
+                    continue
+                try:
+                    records.append(json.loads(line))
+                except (ValueError, RecursionError):  # a line torn by a crash
+                    unreadable += 1
+        # NaN stays NaN (a loss that was not finite), as on the training stream.
+        body = json.dumps({"records": records, "unreadable_lines": unreadable})
+        return Response(body, media_type="application/json")
 
     # -- errors --------------------------------------------------------------------------
 
@@ -687,25 +816,23 @@ class PolicyServer:
         )
 
 
+async def _forget(router: Any, served: str) -> None:
+    """`Router.forget` on the gateway's loop, where the router lives."""
+    router.forget(served)
+
+
 def serve(config: ServeConfig, api_key: str | None) -> None:
     """Run the server until SIGINT/SIGTERM (the CLI's `rlcoach serve`)."""
     import uvicorn
 
+    check_exposure(config.host, api_key, config.insecure)
     if api_key is None:
-        if _is_loopback(config.host):
-            logger.warning(
-                "no API key set ($RLCOACH_API_KEY): anyone on this machine can use "
-                "the server on %s:%d",
-                config.host,
-                config.port,
-            )
-        else:
-            logger.warning(
-                "SERVING ON %s WITHOUT AN API KEY: anyone who can reach port %d "
-                "can train and query your models; fix: export RLCOACH_API_KEY=...",
-                config.host,
-                config.port,
-            )
+        logger.warning(
+            "no API key set ($RLCOACH_API_KEY): %s can use the server on %s:%d",
+            "anyone on this machine" if is_loopback(config.host) else "ANYONE WHO CAN REACH IT",
+            config.host,
+            config.port,
+        )
     server = PolicyServer(config, api_key)
     uvicorn.run(
         server.app,
@@ -714,4 +841,9 @@ def serve(config: ServeConfig, api_key: str | None) -> None:
         log_level="warning",
         access_log=False,
         timeout_keep_alive=30,
+        # Open training streams would hold a shutdown forever; past this they are cut
+        # and the lifespan cancels their steps (clients retry after the restart).
+        timeout_graceful_shutdown=5,
+        ssl_certfile=str(config.ssl_certfile) if config.ssl_certfile else None,
+        ssl_keyfile=str(config.ssl_keyfile) if config.ssl_keyfile else None,
     )

@@ -38,12 +38,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from rlcoach.config import parse_config
 from rlcoach.errors import ConfigError
 from rlcoach.paths import RunPaths, append_jsonl, write_text_atomic
 from rlcoach.types import TrajectoryGroup, save_groups
+from rlcoach.validation import Config
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -96,7 +97,7 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
-class SinkConfig(BaseModel):
+class SinkConfig(Config):
     """Which plug-in sinks a backend opens for each model, and their limits."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -306,6 +307,17 @@ class SinkSet:
         self.disk.write_lines(step, lines)
         for worker in self._workers:
             worker.submit("log_trajectories", step, lines)
+
+    def mark_skipped(self, step: int) -> int:
+        """The groups just logged for `step` trained nothing: move their file aside to
+        `<step>-skip<k>.jsonl` (so the next attempt at `step` cannot overwrite them) and
+        return `k`, this skipped attempt's number."""
+        paths = self.disk._paths()
+        skip = paths.skipped_attempts(step) + 1
+        source = paths.trajectory_file(step)
+        if source.is_file():
+            os.replace(source, paths.trajectory_file(step, skip))
+        return skip
 
     def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
         """Add the sink counters and a timestamp, write the record, queue it; return it."""

@@ -4,9 +4,10 @@ The vLLM engine is a subprocess; it can die (out of memory, a CUDA fault, a kill
 supervisor runs on the gateway's loop and checks the process every second. When it has
 died, the router is marked unavailable first, so every request — in flight or new —
 fails at once with a retryable 503 instead of waiting on a dead socket; then a fresh
-server starts on the same port, every adapter the router had loaded (the current one
-included) is loaded again from its checkpoint, and requests flow again. A restart that
-fails is retried with a growing pause; the router stays unavailable meanwhile.
+server starts, each model's latest adapter is loaded again from its checkpoint, and
+requests flow again. Unavailable is cleared only once both have succeeded: a restart that
+fails, or a reload that fails after a good restart (a checkpoint unreadable for a
+moment), is tried again with a growing pause, never left half done.
 """
 
 from __future__ import annotations
@@ -53,23 +54,36 @@ class EngineSupervisor:
 
     async def run(self) -> None:
         pause = self.interval_s
+        recovering = False
         while True:
             await asyncio.sleep(pause)
             code = self.engine.exit_code()
-            if code is None:
+            if code is None and not recovering:
                 pause = self.interval_s
                 continue
-            self.router.unavailable = (
-                f"the inference engine died (exit code {code}) and is being restarted"
-            )
-            logger.error("the inference engine died (exit code %s); restarting it", code)
+            recovering = True
+            if code is not None:
+                self.router.unavailable = (
+                    f"the inference engine died (exit code {code}) and is being restarted"
+                )
+                logger.error("the inference engine died (exit code %s); restarting it", code)
+                try:
+                    await self.engine.restart()
+                except Exception:
+                    pause = min(pause * 2, self.max_pause_s)
+                    logger.exception("restarting the engine failed; trying again in %.0f s", pause)
+                    continue
             try:
-                await self.engine.restart()
                 await self.router.reload_all()
             except Exception:
                 pause = min(pause * 2, self.max_pause_s)
-                logger.exception("restarting the engine failed; trying again in %.0f s", pause)
+                self.router.unavailable = (
+                    "the inference engine was restarted but its adapters could not be loaded "
+                    "again yet"
+                )
+                logger.exception("reloading the adapters failed; trying again in %.0f s", pause)
                 continue
+            recovering = False
             self.restarts += 1
             self.router.unavailable = None
             pause = self.interval_s

@@ -10,13 +10,14 @@ history is its last assistant reply; an earlier one is the nearest earlier assis
 message equal to it), so worked examples in the prompt are never taken for samples; the
 messages before it are the prompt it saw. A tool call is the assistant's `tool_calls`
 entry plus the tool message that answers it (by `tool_call_id`, else the next tool
-message). Its result counts as an error when the message says so (`status: "error"` or
-`is_error`, as LangChain and MCP do) or its text starts with `error` (how the MCP agent
-answers a rejected call). Timing comes from the policy endpoint (each choice's
-`started_at` and `latency_s`) and the rollout scope (`started_at`, `finished_at`); a tool
-call is placed between the reply that asked for it and the next policy call — an upper
-bound, since tools are not timed separately. Missing times (older files) fall back to
-the previous known time in the same conversation, else the rollout's start.
+message). Its result counts as an error when the message is flagged so (`"is_error":
+true`, set by `tool_message(..., error=True)`, the MCP agent and the LangGraph scope; or
+LangChain's `status: "error"`), never by its wording. Timing comes from the policy
+endpoint (each choice's `started_at` and `latency_s`) and the rollout scope
+(`started_at`, `finished_at`); a tool call is placed between the reply that asked for
+it and the next policy call — an upper bound, since tools are not timed separately.
+Missing times (older files) fall back to the previous known time in the same
+conversation, else the rollout's start.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlcoach.recording import content_text, message_key, parse_arguments
-from rlcoach.types import History, Message, SampledChoice, Trajectory
+from rlcoach.types import History, Message, SampledChoice, Trajectory, is_tool_error
 
 __all__ = ["PolicyCall", "Timeline", "ToolCall", "timeline"]
 
@@ -91,12 +92,6 @@ def _align(history: History) -> list[int | None]:
     return positions
 
 
-def _is_error(message: Message) -> bool:
-    if message.get("status") == "error" or message.get("is_error"):
-        return True
-    return content_text(message.get("content")).lstrip().lower().startswith("error")
-
-
 def _tool_calls(messages: list[Message], at: int) -> list[tuple[dict[str, Any], Message | None]]:
     """The tool calls of the assistant message `messages[at]`, each with its answer."""
     answers = []
@@ -145,7 +140,7 @@ def _history_events(
                     name=str(function.get("name", "")),
                     arguments=parse_arguments(function.get("arguments")),
                     result=content_text(answer.get("content")) if answer is not None else None,
-                    error=answer is not None and _is_error(answer),
+                    error=answer is not None and is_tool_error(answer),
                     start=call.end,
                     end=max(next_start, call.end),
                 )

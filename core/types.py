@@ -8,6 +8,11 @@ calls that do not continue it (a sub-agent, a summariser), additional histories.
 Several trajectories for the same task form a `TrajectoryGroup`: GRPO compares rewards
 within a group. All of these are pydantic wire types: they cross HTTP and go to disk
 (one JSON line per group) and come back without loss.
+
+What other parts need to know about a rollout is a field, never a convention in text: a
+judge's verdict is a `Verdict` on the trajectory, and a tool call that failed is a tool
+message with `"is_error": true` (`tool_message(..., error=True)`; LangChain's
+`status: "error"` counts too), whatever its text says.
 """
 
 from __future__ import annotations
@@ -20,9 +25,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rlcoach.errors import DataError, TrainingDataError
 from rlcoach.paths import write_text_atomic
 
 __all__ = [
+    "TOOL_ERROR_KEY",
     "ChatRecord",
     "History",
     "Message",
@@ -31,8 +38,11 @@ __all__ = [
     "Tool",
     "Trajectory",
     "TrajectoryGroup",
+    "Verdict",
+    "is_tool_error",
     "load_groups",
     "save_groups",
+    "tool_message",
 ]
 
 Message = dict[str, Any]
@@ -43,6 +53,30 @@ Tool = dict[str, Any]
 
 Scalar = str | int | float | bool | None
 """A metadata value: kept simple so every sink can show it."""
+
+TOOL_ERROR_KEY = "is_error"
+"""The key of a tool message that marks its call as failed (`"is_error": true`, as MCP's
+`CallToolResult.isError`); engines ignore it, timelines, sinks and the report count it."""
+
+
+def tool_message(call_id: str | None, content: str, *, error: bool = False) -> Message:
+    """The tool message answering call `call_id`; `error=True` marks the call as failed.
+
+    The text is what the policy reads (say what went wrong there too); the flag is what
+    rlcoach counts, so a failed call is never recognised by its wording."""
+    message: Message = {"role": "tool", "content": content}
+    if call_id is not None:
+        message["tool_call_id"] = call_id
+    if error:
+        message[TOOL_ERROR_KEY] = True
+    return message
+
+
+def is_tool_error(message: Message) -> bool:
+    """Whether a tool message says its call failed: `"is_error": true`, or LangChain's
+    `status: "error"`. The text is never read."""
+    return message.get(TOOL_ERROR_KEY) is True or message.get("status") == "error"
+
 
 TIMING_KEY = "rlcoach_timing"
 """Where the policy endpoint puts a recorded response's timing (`started_at`, `latency_s`);
@@ -112,10 +146,10 @@ def choice_from_response_json(choice: dict[str, Any], response: dict[str, Any]) 
     token_ids = choice.get("token_ids")
     prompt_ids = response.get("prompt_token_ids")
     if token_ids is None or prompt_ids is None:
-        raise ValueError(
+        raise TrainingDataError(
             "this chat completion carries no token ids; it was not produced by the "
             "rlcoach policy endpoint (which always returns `prompt_token_ids` and "
-            "`choices[].token_ids`) — send the request through `model.openai_client()`"
+            "`choices[].token_ids`); fix: send the request through `model.openai_client()`"
         )
     message = {k: v for k, v in (choice.get("message") or {}).items() if v is not None}
     message.setdefault("role", "assistant")
@@ -158,6 +192,28 @@ class RolloutFailure(BaseModel):
     traceback: str = ""
 
 
+class Verdict(BaseModel):
+    """What a judge (RULER or another) said about one trajectory."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    judge: str
+    """Who judged: `ruler`, or the name a custom judge gives itself."""
+    score: float | None = None
+    """The judge's score; None when it gave none (`error` says why)."""
+    explanation: str = ""
+    """The judge's reason for the score."""
+    error: str | None = None
+    """Why there is no score (the judge failed; the reward was kept or the group dropped)."""
+
+    def describe(self) -> str:
+        """One line: `ruler 0.800: <why>`, or `ruler gave no score: <error>`."""
+        if self.score is None:
+            return f"{self.judge} gave no score: {self.error or 'no reason given'}"
+        line = f"{self.judge} {self.score:.3f}"
+        return f"{line}: {self.explanation}" if self.explanation else line
+
+
 class Trajectory(BaseModel):
     """One rollout: its histories, its reward and what the user wants to keep with it."""
 
@@ -178,8 +234,10 @@ class Trajectory(BaseModel):
     """Numbers to average per step (e.g. `success`, `tool_calls`)."""
     metadata: dict[str, Scalar] = Field(default_factory=dict)
     """What the rollout was about (task id, split, ...)."""
+    verdicts: list[Verdict] = Field(default_factory=list)
+    """What judges said about this rollout, in the order they judged it."""
     logs: list[str] = Field(default_factory=list)
-    """Free-form notes (a judge's explanation, a tool error)."""
+    """Free-form notes for a person to read (nothing parses them)."""
     started_at: float | None = None
     """Unix time the rollout scope opened (None if not recorded)."""
     finished_at: float | None = None
@@ -263,6 +321,9 @@ def load_groups(path: str | os.PathLike[str]) -> list[TrajectoryGroup]:
                 continue
             try:
                 groups.append(TrajectoryGroup.model_validate_json(line))
-            except ValueError as e:
-                raise ValueError(f"{path}:{number} is not a trajectory group: {e}") from e
+            except (ValueError, TypeError) as e:  # TypeError: TrajectoryGroup's own __init__
+                raise DataError(
+                    f"{path}:{number} is not a trajectory group ({e}); fix: write the file "
+                    "with save_groups, one TrajectoryGroup as JSON per line"
+                ) from e
     return groups

@@ -16,6 +16,8 @@ class ModelUsage(BaseModel):
     """Requests sent (retries included, cache hits excluded)."""
     cached_calls: int = 0
     """Answers served from an on-disk cache at no cost."""
+    cache_evicted: int = 0
+    """Cache entries removed to keep the cache within its size limit."""
     retries: int = 0
     """Attempts after an unusable answer or a failed request."""
     failed_calls: int = 0
@@ -29,6 +31,7 @@ class ModelUsage(BaseModel):
         for name in (
             "calls",
             "cached_calls",
+            "cache_evicted",
             "retries",
             "failed_calls",
             "prompt_tokens",

@@ -1,6 +1,6 @@
 """RulerConfig: how the judge is asked, retried, cached and what a failure does.
 
-Two scoring modes (see the README's RULER section for when to use which):
+Two scoring modes (see docs/ruler.md for when to use which):
 
 - `json` — one call per ordering: the judge writes `{"<id>": {"explanation", "score"}}`
   for every trajectory. The request carries a strict JSON schema (`response_format`),
@@ -19,9 +19,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from rlcoach.bundled import cache_dir
+from rlcoach.validation import Config
 
 __all__ = ["RulerConfig", "default_cache_dir"]
 
@@ -31,7 +32,7 @@ def default_cache_dir() -> Path:
     return cache_dir() / "ruler"
 
 
-class RulerConfig(BaseModel):
+class RulerConfig(Config):
     """How RULER asks the judge: `json` (the default) for capable judges, `probs` for small."""
 
     model_config = ConfigDict(extra="forbid")
@@ -62,6 +63,8 @@ class RulerConfig(BaseModel):
     """Judge calls in flight at once, per `score` call."""
     cache_dir: Path | None = Field(default_factory=default_cache_dir)
     """Judge answers are cached here, keyed by the full request; None turns caching off."""
+    cache_max_entries: int = Field(100_000, ge=1)
+    """Answers kept in the cache; the least recently used go first (counted)."""
     on_failure: Literal["keep", "drop", "raise"] = "keep"
     """`score_group` when the judge fails: keep the original rewards, drop the group's
     trajectories (recorded as failures), or raise `JudgeError`."""

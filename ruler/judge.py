@@ -18,7 +18,7 @@ import math
 from typing import Any
 
 from rlcoach.answers import json_object
-from rlcoach.errors import RLCoachError
+from rlcoach.errors import AnswerError, RLCoachError
 from rlcoach.model import Model
 from rlcoach.ruler.cache import JudgeCache
 from rlcoach.ruler.config import RulerConfig
@@ -61,10 +61,6 @@ DIGIT_EXAMPLES: list[Message] = [
 
 class JudgeError(RLCoachError, RuntimeError):
     """The judge gave no usable answer after every retry (or the request cannot work)."""
-
-
-class AnswerError(ValueError):
-    """One judge answer that cannot be used; the message is fed back to the judge."""
 
 
 def build_prompt(rendered: RenderedGroup, order: list[int], rubric: str) -> list[Message]:
@@ -119,16 +115,9 @@ def json_instruction(count: int, explanation_max_chars: int) -> str:
     )
 
 
-def _json_object(content: str) -> Any:
-    try:
-        return json_object(content)
-    except ValueError as e:
-        raise AnswerError(str(e)) from e
-
-
 def parse_json_answer(content: str, count: int) -> dict[str, tuple[float, str]]:
     """`{id: (score, explanation)}` for ids 1..count, or `AnswerError` saying what is wrong."""
-    answer = _json_object(content)
+    answer = json_object(content)
     if not isinstance(answer, dict):
         raise AnswerError(f"the answer must be a JSON object, not {type(answer).__name__}")
     labels = _labels(count)
@@ -184,7 +173,11 @@ class JudgeSession:
         self.judge = judge
         self.config = config
         self.usage = JudgeUsage()
-        self.cache = JudgeCache(config.cache_dir) if config.cache_dir is not None else None
+        self.cache = (
+            JudgeCache(config.cache_dir, config.cache_max_entries)
+            if config.cache_dir is not None
+            else None
+        )
         self.url = judge.api_base
         self._client = judge.openai_client(record=False)
         self._semaphore = asyncio.Semaphore(config.max_concurrency)
@@ -210,7 +203,7 @@ class JudgeSession:
         data = response.model_dump(exclude_none=True)
         self.usage.count_response(data.get("usage"), self.config.price_per_million_tokens)
         if self.cache is not None:
-            self.cache.put(key, data)
+            self.usage.cache_evicted += self.cache.put(key, data)
         return data
 
     def _request(self, messages: list[Message], **fields: Any) -> dict[str, Any]:

@@ -18,8 +18,9 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from rlcoach.errors import ConfigError
 from rlcoach.recording import content_text, message_key
-from rlcoach.types import Message, Tool, Trajectory
+from rlcoach.types import Message, Tool, Trajectory, is_tool_error
 
 __all__ = ["Candidate", "RenderedGroup", "render_group", "render_message", "render_tools"]
 
@@ -63,12 +64,14 @@ def _clip(text: str, limit: int) -> str:
 
 
 def render_message(message: Message, limit: int = 4000) -> str:
-    """One message as tagged lines: `[role] text`, `[assistant calls] name({...})`."""
+    """One message as tagged lines: `[role] text`, `[assistant calls] name({...})`; a
+    tool message flagged as failed is a `[tool error]`."""
     role = str(message.get("role", "unknown"))
     text = _clip(content_text(message.get("content")).strip(), limit)
     if role == "tool":
         name = message.get("name")
-        return f"[tool result{f' from {name}' if name else ''}] {text}"
+        kind = "tool error" if is_tool_error(message) else "tool result"
+        return f"[{kind}{f' from {name}' if name else ''}] {text}"
     lines = []
     calls = message.get("tool_calls") or []
     if text or not calls:
@@ -114,7 +117,10 @@ def _common_prefix(key_lists: list[list[str]]) -> int:
 def render_group(candidates: Sequence[Candidate], limit: int = 4000) -> RenderedGroup:
     """Render `candidates` (at least one) for the judge; `limit` caps each message's text."""
     if not candidates:
-        raise ValueError("render_group needs at least one candidate")
+        raise ConfigError(
+            "render_group got no candidates: a judge compares attempts; fix: pass at least "
+            "one Candidate"
+        )
     keys = [[message_key(m) for m in c.messages] for c in candidates]
     shared = _common_prefix(keys)
     same_tools = len({_tools_key(c.tools) for c in candidates}) == 1

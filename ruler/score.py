@@ -13,7 +13,7 @@ order is showing position bias.
 
 `score_group` returns a new group (the input is never mutated) whose rewards are the
 judge's scores: each trajectory keeps its previous reward in `metrics["original_reward"]`
-and gets the judge's explanation in its logs; the group's metadata carries the judge's
+and gets the judge's `Verdict` (score, explanation); the group's metadata carries the judge's
 usage (`ruler_calls`, `ruler_prompt_tokens`, ...). When the judge fails it records the
 failure and keeps the original rewards, drops the group, or raises, as configured.
 """
@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rlcoach.config import parse_config
+from rlcoach.errors import ConfigError
 from rlcoach.gather import AfterEach
 from rlcoach.model import Model
 from rlcoach.ruler.config import RulerConfig
@@ -35,7 +36,7 @@ from rlcoach.ruler.judge import JudgeError, JudgeSession
 from rlcoach.ruler.render import Candidate, render_group
 from rlcoach.ruler.rubric import DEFAULT_RUBRIC
 from rlcoach.ruler.types import JudgeScore, JudgeUsage
-from rlcoach.types import Message, RolloutFailure, Tool, TrajectoryGroup
+from rlcoach.types import Message, RolloutFailure, Tool, TrajectoryGroup, Verdict
 
 __all__ = ["after_each", "judge_usage", "score", "score_candidates", "score_group"]
 
@@ -132,9 +133,9 @@ async def score(
     else:
         per_conversation = list(tools)
         if len(per_conversation) != len(message_lists):
-            raise ValueError(
+            raise ConfigError(
                 f"tools has {len(per_conversation)} lists for {len(message_lists)} "
-                "conversations; pass one tool list for all, or one per conversation"
+                "conversations; fix: pass one tool list for all, or one per conversation"
             )
     pairs = zip(message_lists, per_conversation, strict=True)
     candidates = [Candidate(list(messages), offered) for messages, offered in pairs]
@@ -175,14 +176,16 @@ async def score_group(
             scored.trajectories = []
         else:
             for trajectory in scored.trajectories:
-                trajectory.logs.append(f"RULER failed, reward kept: {e}")
+                trajectory.verdicts.append(Verdict(judge="ruler", error=f"{e}; reward kept"))
         return scored
     for trajectory, result in zip(scored.trajectories, results, strict=True):
         trajectory.metrics["original_reward"] = trajectory.reward
         trajectory.metrics["ruler_score"] = result.score
         trajectory.metrics["ruler_order_spread"] = result.spread
         trajectory.reward = result.score
-        trajectory.logs.append(f"RULER {result.score:.3f}: {result.explanation}")
+        trajectory.verdicts.append(
+            Verdict(judge="ruler", score=result.score, explanation=result.explanation)
+        )
     scored.metadata.update(usage.as_metrics("ruler_"))
     scored.metadata["ruler_failed"] = False
     return scored

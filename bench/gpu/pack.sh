@@ -1,32 +1,44 @@
 #!/usr/bin/env bash
-# Lay out what the GPU benchmarks carry to the H200 machine, in three loads of < 58 MiB
-# (each device command carries at most 64 MiB with the working tree). Run from the
-# project root, after `bash ../shared/gpu/pack-vllm.sh` (which downloads the wheels into
-# .gpu/wheels and slims the vLLM wheel). Everything goes under .gpu/ (git-ignored):
-#   .gpu/p1  the small wheels (pydantic, trl, uvicorn, ... for `import rlcoach`, TRL and
-#            the vLLM OpenAI server) and the first part of the vLLM wheel
-#   .gpu/p2  the second part;  .gpu/p3  the last part
-#   .gpu/tok the bundled model's tokenizer and chat template (the gateway renders chats)
-#   .gpu/t1  the small wheels alone (no vLLM): all that the trainer benchmark needs, TRL
-#            included, in one load
-# On the device, bench/gpu/device.sh p1|p2|p3 installs them in turn into /tmp/site.
+# Lay out what the GPU benchmarks carry to a GPU machine that has no network, in loads of
+# < 58 MiB (bench/gpu/device.sh installs them there). Run from the project root; needs
+# PyPI and the bundled model (converted once by `make demo` or the tests). Writes .gpu/
+# (git-ignored):
+#   .gpu/p1  the small wheels (bench/gpu/wheels.txt minus vLLM) and vLLM's first part
+#   .gpu/p2  vLLM's second part;  .gpu/p3  its last part and checksum
+#   .gpu/t1  the small wheels alone: all the trainer benchmark needs, TRL included
+#   .gpu/tok the bundled model's tokenizer and chat template
 set -euo pipefail
-[ -f .gpu/vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl ] || { echo "run ../shared/gpu/pack-vllm.sh first"; exit 1; }
-extra=(uvicorn==0.55.0 watchfiles==1.3.0 python-multipart==0.0.34 jmespath==1.1.0
-       supervisor==4.3.0 prometheus-fastapi-instrumentator==8.1.0
-       model-hosting-container-standards==0.1.16)
-mkdir -p .gpu/extra .gpu/p1 .gpu/p2 .gpu/p3 .gpu/tok
+here=bench/gpu
+mkdir -p .gpu/wheels .gpu/p1 .gpu/p2 .gpu/p3 .gpu/tok
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-  --platform manylinux2014_x86_64 -d .gpu/extra "${extra[@]}"
+  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+  --platform manylinux_2_26_x86_64 --platform manylinux_2_24_x86_64 \
+  --platform manylinux_2_31_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
+  -d .gpu/wheels -r <(grep -v '^#' $here/wheels.txt)
+wheel=.gpu/vllm-0.26.0-slim.whl
+# Drop what an H100/H200 under Python 3.12 never loads (FlashAttention-2 -- Hopper runs
+# FlashAttention-3 --, the optional Rust front end, DeepGEMM for other Pythons): 290 -> 149 MiB.
+python3 - .gpu/wheels/vllm-0.26.0-*.whl "$wheel" <<'PY'
+import sys, zipfile
+drop = ("vllm/vllm_flash_attn/_vllm_fa2_C", "vllm/vllm-rs", "vllm/third_party/deep_gemm/_C.cpython-31")
+keep = "vllm/third_party/deep_gemm/_C.cpython-312"
+gone = lambda name: name.startswith(drop) and not name.startswith(keep)
+with zipfile.ZipFile(sys.argv[1]) as zin, zipfile.ZipFile(sys.argv[2], "w", zipfile.ZIP_DEFLATED) as zout:
+    for info in zin.infolist():
+        if gone(info.filename):
+            continue
+        data = zin.read(info.filename)
+        if info.filename.endswith(".dist-info/RECORD"):
+            rows = data.decode().splitlines()
+            data = ("\n".join(r for r in rows if not gone(r.split(",")[0])) + "\n").encode()
+        zout.writestr(info, data)
+PY
 rm -f .gpu/p1/* .gpu/p2/* .gpu/p3/*
 find .gpu/wheels -name '*.whl' ! -name 'vllm-*' -exec cp {} .gpu/p1/ \;
-cp .gpu/extra/*.whl .gpu/p1/
 rm -rf .gpu/t1 && mkdir -p .gpu/t1 && cp .gpu/p1/*.whl .gpu/t1/
 small=$(du -cb .gpu/p1/*.whl | tail -1 | cut -f1)
-first=$(( 54 * 1024 * 1024 - small ))
-wheel=.gpu/vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl
-python3 - "$wheel" "$first" <<'PY'
+python3 - "$wheel" $(( 54 * 1024 * 1024 - small )) <<'PY'
 import sys
 data = open(sys.argv[1], "rb").read()
 first, size = int(sys.argv[2]), 58 * 1024 * 1024

@@ -20,6 +20,8 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rlcoach.types import tool_message
+
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
@@ -176,11 +178,11 @@ async def run_question(
             messages = [
                 *messages,
                 message.model_dump(exclude_none=True),
-                {
-                    "role": "tool",
-                    "tool_call_id": call.id,
-                    "content": result if result is not None else "error: expected integers a, b",
-                },
+                tool_message(
+                    call.id,
+                    result if result is not None else "error: expected integers a, b",
+                    error=result is None,
+                ),
             ]
             follow_up = await client.chat.completions.create(
                 model=model.served_name,

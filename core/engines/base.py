@@ -17,16 +17,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from rlcoach.errors import EngineHTTPError
+
 __all__ = ["Engine", "EngineHTTPError"]
-
-
-class EngineHTTPError(Exception):
-    """The engine refused a request; `status` and `body` are passed on to the client."""
-
-    def __init__(self, status: int, body: dict[str, Any]) -> None:
-        super().__init__(f"engine answered {status}: {body}")
-        self.status = status
-        self.body = body
 
 
 @runtime_checkable

@@ -1,7 +1,7 @@
 """GPU speed-ups of the LoRA step: a fused LoRA linear, compiled decoder layers, and a
 log-prob whose gradient is computed in the forward pass.
 
-A profile of the eager step on an H200 (README, "Performance on an H200") spent a third
+A profile of the eager step on an H200 (docs/benchmarks-gpu.md) spent a third
 of the GPU's time in small element-wise kernels between the matrix products: RMSNorm,
 RoPE, SwiGLU and dtype casts in transformers' eager modelling, and peft's LoRA epilogue
 (`result + lora_B(lora_A(x)) * scaling`: two more full passes over every linear layer's

@@ -148,7 +148,11 @@ def policy_loss(
     sampling weights; default: `new_logprobs_T` detached, right for the first optimizer
     step on a batch) and each token is weighted by `truncated_importance_weights`."""
     mask_T = mask_T.to(new_logprobs_T.dtype)
-    mismatch = sampler_mismatch(new_logprobs_T, old_logprobs_T, mask_T, mismatch_threshold)
+    # The mismatch is of the weights that sampled: trainer_old when given, else new.
+    trainer_at_sampling_T = (
+        new_logprobs_T if trainer_old_logprobs_T is None else trainer_old_logprobs_T
+    )
+    mismatch = sampler_mismatch(trainer_at_sampling_T, old_logprobs_T, mask_T, mismatch_threshold)
     tis_T = torch.ones_like(new_logprobs_T)
     if tis_cap is not None:
         trainer_old_T = (

@@ -31,7 +31,7 @@ from email_search.mailbox import TOOLS, Mailbox, Question, Trace, answer_right, 
 from email_search.mailbox import reward as tiered_reward
 from gallery import loop
 
-from rlcoach.types import ChatRecord
+from rlcoach.types import ChatRecord, tool_message
 
 SYSTEM = (
     "You answer questions about the user's emails. Search the mailbox with "
@@ -115,7 +115,10 @@ def make_attempt(mailbox: Mailbox, example: list[dict], max_turns: int, max_toke
                     break
                 for call in message.tool_calls:
                     result = call_tool(mailbox, call.function.name, call.function.arguments, trace)
-                    messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+                    # call_tool answers a bad call with "error: <problem>" for the policy to
+                    # read; the flag is what rlcoach counts as a failed call.
+                    failed = result.startswith("error:")
+                    messages.append(tool_message(call.id, result, error=failed))
             rollout.reward = tiered_reward(question, trace, final_text, turns)
             right = answer_right(question, final_text)
             rollout.metrics["success"] = float(right and question.email_id in trace.read)

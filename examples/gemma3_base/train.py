@@ -85,7 +85,7 @@ async def main(args: argparse.Namespace) -> None:
     config = {"learning_rate": args.learning_rate, "seed": args.seed}
     name = f"gemma3-{time.strftime('%Y%m%d-%H%M%S')}"
     model = TrainableModel(name, "gemma3-base", base_model="gemma3-270m", config=config)
-    async with LocalBackend(args.root) as backend:
+    async with LocalBackend(args.root, engine={"kind": args.engine}) as backend:
         await model.register(backend)
         scores = {"base": await evaluate(model, held_out, args)}
         print(f"held-out, base model: {scores['base']}", flush=True)
@@ -132,6 +132,7 @@ async def main(args: argparse.Namespace) -> None:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", default=".rlcoach")
+    parser.add_argument("--engine", default="vllm", choices=["vllm", "transformers"])
     parser.add_argument("--held-out", type=int, default=16)
     parser.add_argument("--eval-samples", type=int, default=2)
     parser.add_argument("--demonstrations", type=int, default=128)

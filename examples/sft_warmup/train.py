@@ -24,7 +24,7 @@ from pathlib import Path
 
 from rlcoach import LocalBackend, TrainableModel, gather_trajectory_groups
 from rlcoach.demo.task import ADD_TOOL, SYSTEM, Question, score, split_questions
-from rlcoach.types import ChatRecord, Trajectory
+from rlcoach.types import ChatRecord, Trajectory, tool_message
 
 
 def prompt(question: Question) -> list[dict]:
@@ -77,10 +77,14 @@ async def attempt(model: TrainableModel, question: Question) -> Trajectory:
                 result = str(int(arguments["a"]) + int(arguments["b"]))
             except (ValueError, TypeError, KeyError):
                 arguments = arguments if isinstance(arguments, dict) else {}
-                result = "error: expected integers a and b"
+                result = None
             messages += [
                 message.model_dump(exclude_none=True),
-                {"role": "tool", "tool_call_id": call.id, "content": result},
+                tool_message(
+                    call.id,
+                    result if result is not None else "error: expected integers a and b",
+                    error=result is None,
+                ),
             ]
             follow_up = await client.chat.completions.create(
                 model=model.served_name, messages=messages, tools=[ADD_TOOL], max_tokens=48

@@ -12,8 +12,9 @@ For each training step it gets the groups (before the step) and the metrics reco
   reply, model `name@step`, token usage from the exact token ids, start and end times
   as the policy endpoint measured them); each tool call a tool span (arguments, result,
   ERROR level when it failed); additional histories (sub-agents) under spans of their own;
-- the reward a score on the trace, and RULER's score another (`ruler`), with the judge's
-  explanation as the comment; trajectory metrics named in `score_metrics` too;
+- the reward a score on the trace, and each judge's score another (`ruler` for RULER), from
+  the trajectory's `verdicts`, with the judge's explanation as the comment; trajectory
+  metrics named in `score_metrics` too;
 - a rollout that raised, a trace at ERROR level with the exception;
 - each step's metrics a trace `<project>/<model>/<step>/train` whose numbers (reward
   mean/std, loss, KL, grad norm, tokens, step time, publish latency) are also scores, so
@@ -35,14 +36,15 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from rlcoach.config import parse_config
 from rlcoach.errors import ConfigError
 from rlcoach.recording import content_text
 from rlcoach.sinks import RunInfo
 from rlcoach.timeline import PolicyCall, ToolCall, timeline
-from rlcoach.types import Message, Trajectory, TrajectoryGroup
+from rlcoach.types import Message, Trajectory, TrajectoryGroup, Verdict
+from rlcoach.validation import Config
 
 __all__ = ["STEP_SCORES", "LangfuseConfig", "LangfuseSink", "trace_id"]
 
@@ -65,7 +67,7 @@ STEP_SCORES = (
 """Metrics of a step record that become scores on its step trace (when present)."""
 
 
-class LangfuseConfig(BaseModel):
+class LangfuseConfig(Config):
     """Options of `LangfuseSink` (each defaults to the standard `LANGFUSE_*` variable)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -141,12 +143,9 @@ def _short(value: Any) -> str:
     return str(value)[:150]
 
 
-def _judge_explanation(trajectory: Trajectory) -> str | None:
-    """RULER's explanation, from the log line it writes (`RULER <score>: <why>`)."""
-    for line in reversed(trajectory.logs):
-        if line.startswith("RULER ") and ": " in line:
-            return line.split(": ", 1)[1]
-    return None
+def _judged(trajectory: Trajectory) -> dict[str, Verdict]:
+    """Each judge's latest verdict that has a score, by judge name."""
+    return {v.judge: v for v in trajectory.verdicts if v.score is not None}
 
 
 def _ns(seconds: float) -> int:
@@ -365,13 +364,12 @@ class LangfuseSink:
         tool.end(end_time=_ns(call.end))
 
     def _scores(self, trace: str, trajectory: Trajectory) -> None:
-        explanation = _judge_explanation(trajectory)
-        ruler = trajectory.metrics.get("ruler_score")
-        scores: list[tuple[str, float, str | None]] = [
-            ("reward", trajectory.reward, explanation if ruler is not None else None)
-        ]
-        if ruler is not None:
-            scores.append(("ruler", ruler, explanation))
+        judged = _judged(trajectory)
+        latest = (list(judged.values())[-1].explanation or None) if judged else None
+        scores: list[tuple[str, float, str | None]] = [("reward", trajectory.reward, latest)]
+        for name, verdict in judged.items():
+            assert verdict.score is not None
+            scores.append((name, verdict.score, verdict.explanation or None))
         for key in self.config.score_metrics:
             if key in trajectory.metrics:
                 scores.append((key, trajectory.metrics[key], None))

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rlcoach import Model, TrainableModel
+from rlcoach.errors import MissingDependencyError, UsageError
 
 if TYPE_CHECKING:
     from langchain_openai import ChatOpenAI
@@ -33,9 +34,9 @@ def chat_model(model: Model, *, record: bool | None = None, **options: Any) -> C
     try:
         from langchain_openai import ChatOpenAI
     except ImportError as e:
-        raise ImportError(
-            "rlcoach.integrations.langgraph needs langchain-openai; fix: pip install "
-            "'rlcoach[langgraph]'"
+        raise MissingDependencyError(
+            f"rlcoach.integrations.langgraph needs langchain-openai, which is not installed "
+            f"({e}); fix: pip install 'rlcoach[langgraph]'"
         ) from e
     trained = isinstance(model, TrainableModel)
     if record is None:
@@ -44,7 +45,7 @@ def chat_model(model: Model, *, record: bool | None = None, **options: Any) -> C
         options.setdefault("temperature", 1.0)
     for reserved in ("base_url", "api_key", "http_client", "http_async_client"):
         if reserved in options:
-            raise TypeError(
+            raise UsageError(
                 f"chat_model() sets {reserved!r} itself (it is what routes calls to "
                 f"{model.name!r} and records them); drop it, or configure the Model instead"
             )

@@ -15,8 +15,10 @@ routers) are additional histories. What the gateway cannot see is what happened 
 the last policy call (tool results of a run cut off by `recursion_limit`, a final
 node's output), so `record_state` also appends the graph's messages after the main
 history's last reply, as the graph produced them (tool errors included), and counts tool
-calls and tool errors. The trainer ignores those messages (it trains sampled tokens
-only); a RULER judge reads them.
+calls and tool errors. A tool message LangGraph marked as failed (`ToolMessage.status ==
+"error"`, which the OpenAI request format drops) gets `"is_error": true` wherever the
+trajectory holds it, so the timeline, the sinks and the report count it. The trainer
+ignores those messages (it trains sampled tokens only); a RULER judge reads them.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 
 from rlcoach import Rollout, Trajectory
+from rlcoach.errors import ConfigError
 from rlcoach.recording import message_key
+from rlcoach.types import TOOL_ERROR_KEY
 
 if TYPE_CHECKING:
     from rlcoach import TrainableModel
@@ -47,9 +51,10 @@ def to_openai_messages(messages: Sequence[Any]) -> list[Message]:
 def _state_messages(state: Mapping[str, Any] | Sequence[Any]) -> Sequence[Any]:
     if isinstance(state, Mapping):
         if "messages" not in state:
-            raise ValueError(
+            raise ConfigError(
                 f"record_state() got a state with keys {sorted(state)} and no 'messages'; "
-                "pass the list of messages itself, e.g. record_state(state['my_messages'])"
+                "fix: pass the list of messages itself, e.g. "
+                "record_state(state['my_messages'])"
             )
         return state["messages"]
     return state
@@ -61,21 +66,24 @@ class GraphRollout(Rollout):
     def __init__(self, source: Any, **metadata: Scalar) -> None:
         super().__init__(source, **metadata)
         self._final: list[Message] = []
+        self._failed_calls: set[str] = set()
 
     def record_state(self, state: Mapping[str, Any] | Sequence[Any]) -> None:
         """Keep the graph's final messages; counts `tool_calls` and `tool_errors` metrics."""
         messages = list(_state_messages(state))
         self._final = to_openai_messages(messages)
         calls = sum(len(getattr(m, "tool_calls", None) or []) for m in messages)
-        errors = sum(getattr(m, "status", None) == "error" for m in messages)
+        failed = [m for m in messages if getattr(m, "status", None) == "error"]
+        self._failed_calls = {m.tool_call_id for m in failed if getattr(m, "tool_call_id", None)}
         self.metrics["tool_calls"] = float(calls)
-        self.metrics["tool_errors"] = float(errors)
+        self.metrics["tool_errors"] = float(len(failed))
 
     def final_messages(self) -> list[Message] | None:
         return self._final or None
 
     async def collect(self) -> Trajectory:
         trajectory = await super().collect()
+        self._flag_failed_calls(trajectory)
         if not self._final or not trajectory.choices:
             return trajectory
         # The graph's state may lack what a node prepends (a system prompt, examples) or
@@ -91,6 +99,20 @@ class GraphRollout(Rollout):
                 "messages; nothing was appended to the main conversation"
             )
         return trajectory
+
+    def _flag_failed_calls(self, trajectory: Trajectory) -> None:
+        """Mark the answers to the calls LangGraph saw fail, in every history and in the
+        graph's final messages (the gateway recorded them without LangChain's status)."""
+        if not self._failed_calls:
+            return
+        histories = [trajectory.messages, self._final]
+        histories += [h.messages for h in trajectory.additional_histories]
+        for messages in histories:
+            for message in messages:
+                if message.get("role") == "tool" and message.get("tool_call_id") in (
+                    self._failed_calls
+                ):
+                    message[TOOL_ERROR_KEY] = True
 
 
 def rollout(model: TrainableModel, **metadata: Scalar) -> GraphRollout:

@@ -8,7 +8,9 @@
 
 Training tool use: `run_agent(model, client, spec, scenario, tools)` is one recorded
 rollout (the agent loop); `train_on_server(MCPTrainConfig(server=spec))` is the whole
-job behind `rlcoach mcp train` (discover, scenarios, evaluate, train, report).
+job behind `rlcoach mcp train` (discover, judge each tool's safety, explore the safe ones
+with synthesized arguments, grounded scenarios and reward, evaluate, warm up, train,
+report).
 
 A small server of our own for examples and tests: `python -m rlcoach.integrations.mcp.inventory`.
 """
@@ -30,28 +32,37 @@ from rlcoach.integrations.mcp.connection import (
     ToolResult,
     connect,
 )
-from rlcoach.integrations.mcp.reward import ruler_rewards
+from rlcoach.integrations.mcp.explore import Exploration, explore
+from rlcoach.integrations.mcp.reward import grounded_check, ruler_rewards
+from rlcoach.integrations.mcp.safety import ToolSafety, judge_tool
+from rlcoach.integrations.mcp.synthesis import ArgumentSynthesizer
 from rlcoach.integrations.mcp.tools import CallCheck, SchemaError, ToolSet, convert_tools
 from rlcoach.integrations.mcp.train import MCPTrainConfig, discover, train_on_server
 
 __all__ = [
     "AgentConfig",
     "AgentRun",
+    "ArgumentSynthesizer",
     "CallCheck",
     "Connection",
     "Example",
+    "Exploration",
     "MCPServerError",
     "MCPTrainConfig",
     "RolloutTimeoutError",
     "SchemaError",
     "ServerSpec",
     "ToolResult",
+    "ToolSafety",
     "ToolSet",
     "ToolTimeoutError",
     "build_demonstration",
     "connect",
     "convert_tools",
     "discover",
+    "explore",
+    "grounded_check",
+    "judge_tool",
     "ruler_rewards",
     "run_agent",
     "tool_use_check",

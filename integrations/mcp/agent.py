@@ -33,13 +33,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from rlcoach.config import parse_config
 from rlcoach.errors import ConfigError, RLCoachError
 from rlcoach.integrations.mcp.connection import Connection, ServerSpec, connect
 from rlcoach.integrations.mcp.tools import ToolSet
-from rlcoach.types import Message, Tool, Trajectory
+from rlcoach.types import Message, Tool, Trajectory, tool_message
+from rlcoach.validation import Config
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -76,7 +77,7 @@ class RolloutTimeoutError(RLCoachError, TimeoutError):
     """A rollout outlived `rollout_timeout_s` (it is recorded as failed)."""
 
 
-class AgentConfig(BaseModel):
+class AgentConfig(Config):
     """How one rollout runs."""
 
     model_config = ConfigDict(extra="forbid")
@@ -178,7 +179,10 @@ def _scenario_text(scenario: Any) -> tuple[str, dict[str, Any]]:
         return scenario, {}
     text = getattr(scenario, "text", None)
     if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"scenario {scenario!r} has no text; pass a string or an InputRecord")
+        raise ConfigError(
+            f"scenario {scenario!r} has no text for the agent's task; fix: pass a string or "
+            "an InputRecord"
+        )
     return text, {
         "scenario_id": str(getattr(scenario, "id", "")),
         "difficulty": str(getattr(scenario, "difficulty", "")),
@@ -191,18 +195,23 @@ async def _score(check: Check, run: AgentRun) -> float:
         value = await value
     score = float(value)
     if not 0.0 <= score <= 1.0:
-        raise ValueError(f"the check returned {score!r}; a check must score in [0, 1]")
+        raise ConfigError(
+            f"the check returned {score!r}, outside [0, 1]: it becomes the reward; fix: "
+            "make the check return a number from 0 to 1 (or a bool)"
+        )
     return score
 
 
 async def _call(
     connection: Connection, tools: ToolSet, call: Any, config: AgentConfig, run: AgentRun
-) -> str:
+) -> Message:
+    """Run one tool call; the answer is a tool message, flagged as an error when it is one
+    (its text also says so, for the policy to read)."""
     name, raw = call.function.name, call.function.arguments or ""
     checked = tools.check_call(name, raw)
     if checked.error is not None:
         run.calls.append(CallRecord(name, raw, "rejected", checked.error))
-        return f"error: {checked.error}"
+        return tool_message(call.id, f"error: {checked.error}", error=True)
     try:
         result = await connection.call_tool(
             checked.name, checked.arguments or {}, timeout_s=config.call_timeout_s
@@ -215,7 +224,9 @@ async def _call(
         ) from e
     text = truncate(result.text or "(no output)", config.result_chars)
     run.calls.append(CallRecord(name, raw, "tool_error" if result.is_error else "ok", text))
-    return f"error: {text}" if result.is_error and not text.startswith("error") else text
+    if result.is_error and not text.startswith("error"):
+        text = f"error: {text}"
+    return tool_message(call.id, text, error=result.is_error)
 
 
 async def run_agent(
@@ -307,10 +318,9 @@ async def _turns(
         for call in message.tool_calls:
             if call.function.name == FINISH_TOOL and config.finish_tool:
                 run.final_answer = _finish_answer(call.function.arguments)
-                content = "done"
+                messages.append(tool_message(call.id, "done"))
             else:
-                content = await _call(connection, tools, call, config, run)
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
+                messages.append(await _call(connection, tools, call, config, run))
     return sent
 
 
@@ -372,7 +382,7 @@ def example_arguments(schema: dict[str, Any]) -> dict[str, Any]:
     return {name: _example_value(properties[name], name) for name in names if name in properties}
 
 
-class Example(BaseModel):
+class Example(Config):
     """A worked example given by the user: a request and the call that serves it. The
     call is run against the real server; its answer goes into the demonstration."""
 
@@ -405,7 +415,7 @@ def _worked(
     return [
         {"role": "user", "content": request},
         {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": call_id, "content": shown},
+        tool_message(call_id, shown),
         {"role": "assistant", "content": reply},
     ]
 

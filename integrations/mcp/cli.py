@@ -2,7 +2,12 @@
 
     rlcoach mcp tools --server "python -m rlcoach.integrations.mcp.inventory"
     rlcoach mcp train --server "mcp-server-time" --steps 4
-    rlcoach mcp train --url http://127.0.0.1:8765/mcp --header "Authorization: Bearer ..."
+    rlcoach mcp train --url http://127.0.0.1:8765/mcp --header-env "Authorization=MCP_AUTH"
+
+Secrets stay off the command line, which every user of the machine can read: a header's
+value can come from an environment variable (`--header-env Name=VAR`), and `--env NAME`
+(no `=`) passes this process's `$NAME` to the server process. A value written inline
+(`--header "Name: value"`, `--env NAME=value`) still works, with a warning.
 
 The core CLI finds these commands through the `rlcoach.cli` entry point.
 """
@@ -31,8 +36,28 @@ HeaderOption = Annotated[
 ]
 EnvOption = Annotated[
     list[str] | None,
-    typer.Option("--env", help="An environment variable for the --server process, NAME=value."),
+    typer.Option(
+        "--env",
+        help="An environment variable for the --server process: NAME (its value here) or "
+        "NAME=value.",
+    ),
 ]
+HeaderEnvOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--header-env",
+        help='An HTTP header for --url whose value is in an environment variable, "Name=VAR".',
+    ),
+]
+
+
+def _from_environment(variable: str, option: str) -> str:
+    import os
+
+    value = os.environ.get(variable)
+    if value is None:
+        raise typer.BadParameter(f"{option} names ${variable}, which is not set")
+    return value
 
 
 def server_spec(
@@ -41,6 +66,7 @@ def server_spec(
     headers: list[str] | None,
     env: list[str] | None,
     startup_timeout_s: float = 60.0,
+    header_env: list[str] | None = None,
 ) -> Any:
     """A `ServerSpec` from the command-line options, or a usage error naming the fix."""
     from rlcoach.integrations.mcp.connection import ServerSpec
@@ -55,12 +81,20 @@ def server_spec(
         if not sep or not key.strip():
             raise typer.BadParameter(f'--header {header!r} is not "Name: value"')
         parsed_headers[key.strip()] = value.strip()
+        _warn_inline("--header", key.strip())
+    for item in header_env or []:
+        key, sep, variable = item.partition("=")
+        if not sep or not key.strip() or not variable:
+            raise typer.BadParameter(f'--header-env {item!r} is not "Name=VARIABLE"')
+        parsed_headers[key.strip()] = _from_environment(variable, "--header-env")
     parsed_env = {}
     for item in env or []:
         key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise typer.BadParameter(f"--env {item!r} is not NAME=value")
-        parsed_env[key] = value
+        if not key:
+            raise typer.BadParameter(f"--env {item!r} is not NAME or NAME=value")
+        if sep:
+            _warn_inline("--env", key)
+        parsed_env[key] = value if sep else _from_environment(key, "--env")
     if url is not None:
         if parsed_env:
             raise typer.BadParameter("--env applies to a --server process, not to --url")
@@ -68,6 +102,18 @@ def server_spec(
     if parsed_headers:
         raise typer.BadParameter("--header applies to --url, not to a --server command")
     return ServerSpec.from_command(server, env=parsed_env, startup_timeout_s=startup_timeout_s)
+
+
+def _warn_inline(option: str, name: str) -> None:
+    import logging
+
+    logging.getLogger(__name__).warning(
+        "%s %s: a value on the command line is visible to every user of this machine "
+        "(ps, /proc); if it is a secret, use %s instead",
+        option,
+        name,
+        "--header-env Name=VAR" if option == "--header" else f"--env {name} (no =value)",
+    )
 
 
 def read_examples(path: Path) -> list[dict[str, Any]]:
@@ -102,14 +148,16 @@ def tools(
     url: UrlOption = None,
     header: HeaderOption = None,
     env: EnvOption = None,
+    header_env: HeaderEnvOption = None,
 ) -> None:
-    """List the server's tools as the policy sees them (OpenAI schemas), and what was skipped."""
+    """List the server's tools as the policy sees them (OpenAI schemas), what was skipped,
+    and each tool's safety verdict (`mcp train` calls only the safe ones by default)."""
     from rlcoach.errors import RLCoachError
     from rlcoach.integrations.mcp.train import discover
 
-    spec = server_spec(server, url, header, env)
+    spec = server_spec(server, url, header, env, header_env=header_env)
     try:
-        found = asyncio.run(discover(spec, demonstration=False))
+        found = asyncio.run(discover(spec, demonstration=False, allow_unsafe=True))
     except RLCoachError as e:
         raise _fail(e) from e
     typer.echo(
@@ -118,6 +166,10 @@ def tools(
                 "server": found.server_name,
                 "tools": found.tools.tools,
                 "skipped": found.tools.skipped,
+                "safety": {
+                    name: {"safe": verdict.safe, "rule": verdict.rule}
+                    for name, verdict in found.safety.items()
+                },
                 "renamed": found.tools.renamed,
                 "resources": found.resources,
                 "prompts": found.prompts,
@@ -133,23 +185,26 @@ def train(
     url: UrlOption = None,
     header: HeaderOption = None,
     env: EnvOption = None,
+    header_env: HeaderEnvOption = None,
     model: Annotated[str, typer.Option(help="Base model to train.")] = BUNDLED_MODEL,
     steps: Annotated[int, typer.Option(min=0, help="Training steps.")] = 4,
-    scenarios: Annotated[int, typer.Option(min=2, help="Scenarios to generate.")] = 24,
+    scenarios: Annotated[int, typer.Option(min=2, help="Scenarios to write.")] = 32,
     scenarios_file: Annotated[
         Path | None, typer.Option(help="Scenarios as AutoRL JSONL instead of generating them.")
     ] = None,
     eval_fraction: Annotated[float, typer.Option(min=0.01, max=0.95)] = 0.25,
     scenarios_per_step: Annotated[int, typer.Option(min=1)] = 2,
     group_size: Annotated[int, typer.Option(min=2, help="Attempts per scenario.")] = 4,
-    eval_samples: Annotated[int, typer.Option(min=1)] = 1,
+    eval_samples: Annotated[int, typer.Option(min=1, help="Attempts per held-out scenario.")] = 2,
     max_turns: Annotated[int, typer.Option(min=1)] = 4,
     call_timeout: Annotated[float, typer.Option(help="Seconds per tool call.")] = 30.0,
     rollout_timeout: Annotated[float, typer.Option(help="Seconds per rollout.")] = 600.0,
     result_chars: Annotated[int, typer.Option(min=40, help="Tool results cut to this.")] = 1500,
     max_tokens: Annotated[int, typer.Option(min=8, help="Tokens per policy reply.")] = 192,
     system_prompt: Annotated[str | None, typer.Option(help="The agent's system prompt.")] = None,
-    demonstration: Annotated[bool, typer.Option(help="Worked example from a real call.")] = True,
+    demonstration: Annotated[
+        bool, typer.Option(help="A worked example from a real call before each task.")
+    ] = False,
     examples: Annotated[
         Path | None,
         typer.Option(
@@ -158,11 +213,26 @@ def train(
         ),
     ] = None,
     warmup_epochs: Annotated[
-        int, typer.Option(min=0, help="SFT epochs on the worked examples before RL (0: none).")
-    ] = 0,
+        int | None,
+        typer.Option(
+            min=0,
+            help="SFT epochs on the worked examples before RL (0: none; default: 4 when "
+            "the base model's held-out success is below 0.1).",
+        ),
+    ] = None,
+    allow_unsafe_tools: Annotated[
+        bool,
+        typer.Option(
+            help="Call (while exploring) and offer the policy the tools judged unsafe "
+            "(annotated as writing, or named/described as writing, deleting, sending, buying)."
+        ),
+    ] = False,
+    explore_budget: Annotated[
+        float, typer.Option(min=1.0, help="Seconds at most for exploring the server.")
+    ] = 180.0,
     check: Annotated[
         str | None,
-        typer.Option(help="module:function scoring a rollout in [0, 1] (default: tool_use_check)."),
+        typer.Option(help="module:function scoring a rollout in [0, 1] (default: grounded_check)."),
     ] = None,
     generator_url: Annotated[str | None, typer.Option(help="Scenario writer's base URL.")] = None,
     generator_model: str = BUNDLED_MODEL,
@@ -177,14 +247,15 @@ def train(
     root: Annotated[Path, typer.Option(help="Where runs are written.")] = Path(".rlcoach"),
     seed: int = 0,
 ) -> None:
-    """Discover the tools, generate scenarios, train, evaluate held out, write a report."""
+    """Explore the server's safe tools, write grounded scenarios from the calls that worked,
+    evaluate held out, warm up (SFT) when needed, train, evaluate again, write a report."""
     from pydantic import ValidationError
 
     from rlcoach.errors import RLCoachError
     from rlcoach.integrations.mcp.agent import DEFAULT_SYSTEM, AgentConfig
     from rlcoach.integrations.mcp.train import Endpoint, MCPTrainConfig, train_on_server
 
-    spec = server_spec(server, url, header, env)
+    spec = server_spec(server, url, header, env, header_env=header_env)
     if (judge_url is None) != (judge_model is None):
         raise typer.BadParameter("a judge needs both --judge-url and --judge-model")
     try:
@@ -203,6 +274,8 @@ def train(
             examples=read_examples(examples) if examples else [],
             check=check,
             warmup_epochs=warmup_epochs,
+            allow_unsafe_tools=allow_unsafe_tools,
+            explore_budget_s=explore_budget,
             agent=AgentConfig(
                 max_turns=max_turns,
                 call_timeout_s=call_timeout,

@@ -32,6 +32,7 @@ from typing import Any, TextIO
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rlcoach.errors import RLCoachError
+from rlcoach.validation import Config
 
 __all__ = ["Connection", "MCPServerError", "ServerSpec", "ToolResult", "connect"]
 
@@ -42,7 +43,7 @@ class MCPServerError(RLCoachError, RuntimeError):
     """The server could not be started, reached, or stopped answering."""
 
 
-class ServerSpec(BaseModel):
+class ServerSpec(Config):
     """Where the server is: a command (stdio) or a URL (streamable HTTP), not both."""
 
     model_config = ConfigDict(extra="forbid")
@@ -63,14 +64,19 @@ class ServerSpec(BaseModel):
     def _one_transport(self) -> ServerSpec:
         if (self.command is None) == (self.url is None):
             raise ValueError(
-                "give exactly one of `command` (a launch command for stdio) and `url` (a "
-                f"streamable-HTTP endpoint); got command={self.command!r}, url={self.url!r}"
+                f"got command={self.command!r} and url={self.url!r}: a server is reached one "
+                "way; fix: give exactly one of `command` (a launch command for stdio) and "
+                "`url` (a streamable-HTTP endpoint)"
             )
         if self.command is not None and not self.command:
-            raise ValueError("command=[] is empty; give the server's launch command")
+            raise ValueError(
+                "command=[] is empty: there is nothing to start; fix: give the server's "
+                "launch command"
+            )
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise ValueError(
-                f"url={self.url!r} is not an http(s) URL; e.g. http://127.0.0.1:8000/mcp"
+                f"url={self.url!r} is not an http(s) URL; fix: give the streamable-HTTP "
+                "endpoint, e.g. http://127.0.0.1:8000/mcp"
             )
         return self
 

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlcoach.errors import RLCoachError
 from rlcoach.types import Tool
 
 __all__ = ["CallCheck", "SchemaError", "ToolSet", "convert_tools"]
@@ -30,7 +31,7 @@ OPENAI_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 DROPPED = {"title", "$schema", "$id", "$comment"}
 
 
-class SchemaError(ValueError):
+class SchemaError(RLCoachError, ValueError):
     """A tool's input schema cannot be offered to the policy (the reason names the fix)."""
 
 
@@ -41,7 +42,10 @@ def _function_parts(tool: Any) -> tuple[str, str, dict[str, Any] | None]:
     elif isinstance(tool, dict):
         data = tool
     else:
-        raise SchemaError(f"{tool!r} is not a tool description (an MCP Tool or a dict)")
+        raise SchemaError(
+            f"{tool!r} is not a tool description; fix: pass an MCP Tool, or a dict as MCP "
+            "or OpenAI describe a tool"
+        )
     data = data.get("function", data)
     schema = data.get("parameters", data.get("inputSchema", data.get("input_schema")))
     return str(data.get("name") or ""), str(data.get("description") or ""), schema
@@ -57,10 +61,16 @@ def _resolve(ref: str, root: dict[str, Any]) -> dict[str, Any]:
     for part in ref[2:].split("/"):
         part = part.replace("~1", "/").replace("~0", "~")
         if not isinstance(node, dict) or part not in node:
-            raise SchemaError(f"the reference {ref!r} does not resolve inside the schema")
+            raise SchemaError(
+                f"the reference {ref!r} does not resolve inside the schema; fix: the "
+                "server's schema must define what it references (under $defs)"
+            )
         node = node[part]
     if not isinstance(node, dict):
-        raise SchemaError(f"the reference {ref!r} is not a schema object")
+        raise SchemaError(
+            f"the reference {ref!r} is not a schema object; fix: point it at a schema "
+            "(a JSON object) in the server's schema"
+        )
     return node
 
 
@@ -105,7 +115,10 @@ def convert_schema(schema: dict[str, Any] | None) -> dict[str, Any]:
     if schema is None or schema == {}:
         return {"type": "object", "properties": {}}
     if not isinstance(schema, dict):
-        raise SchemaError(f"the input schema is a {type(schema).__name__}, not a JSON object")
+        raise SchemaError(
+            f"the input schema is a {type(schema).__name__}, not a JSON object; fix: the "
+            'server must describe the arguments as {"type": "object", ...}'
+        )
     converted = _inline(schema, schema, (), True)
     kind = converted.get("type", "object" if "properties" in converted else None)
     if kind != "object":
@@ -117,7 +130,10 @@ def convert_schema(schema: dict[str, Any] | None) -> dict[str, Any]:
     converted.setdefault("properties", {})
     missing = [n for n in converted.get("required", []) if n not in converted["properties"]]
     if missing:
-        raise SchemaError(f"required argument(s) {missing} have no entry in `properties`")
+        raise SchemaError(
+            f"required argument(s) {missing} have no entry in `properties`; fix: the "
+            "server's schema must describe every required argument"
+        )
     return converted
 
 
@@ -175,6 +191,17 @@ class ToolSet:
         self.server_names[openai_name] = server_name if server_name is not None else name
         self.schemas[openai_name] = parameters
         return openai_name
+
+    def only(self, names: Sequence[str]) -> ToolSet:
+        """The same tools, less those not in `names` (e.g. the unsafe ones)."""
+        keep = set(names)
+        return ToolSet(
+            tools=[t for t in self.tools if t["function"]["name"] in keep],
+            server_names={k: v for k, v in self.server_names.items() if k in keep},
+            schemas={k: v for k, v in self.schemas.items() if k in keep},
+            skipped=list(self.skipped),
+            renamed=list(self.renamed),
+        )
 
     def check_call(self, name: str, arguments: str | dict[str, Any] | None) -> CallCheck:
         """Parse and validate one call's arguments (see the module docstring)."""

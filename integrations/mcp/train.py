@@ -1,12 +1,18 @@
 """Train tool use against an MCP server, end to end (`rlcoach mcp train`).
 
-`train_on_server(config)`: discover the server's tools (and its resources, as context for
-the scenarios), build a worked example from a real call, generate scenarios with AutoRL
-(or read them from a JSONL file), split them into train and held-out sets, measure the
-held-out success of the base model, train for `steps` GRPO steps (rewards: the agent's
-check, blended with RULER when a judge is given), measure again and write `report.json`
-and `report.md` in the model's run folder. Every file is written atomically; a failed
-rollout is counted and the step goes on.
+`train_on_server(config)`: discover the server's tools (and its resources, as context),
+judge each tool safe or not (`safety.py`, the rule printed per tool; unsafe tools are
+neither called nor offered unless allowed), explore the safe ones in a private working
+directory and home (`explore.py`), write grounded scenarios from the calls that worked
+with their real results as answer keys (`scenarios.py`; a named generator rephrases and
+AutoRL's generation is blended in; or read them from a JSONL file), split them by call
+into train and held out, measure the base model's held-out success, fine-tune on worked
+examples of the training calls when that success is near zero (the SFT warm-up), train
+`steps` GRPO steps (reward: `grounded_check` — the key facts of the real result, with
+partial credit for the right tool and valid arguments — blended with RULER when a judge
+is given), measure again and write `report.json`, `report.md` and `exploration.json` in
+the model's run folder. Every file is written atomically; a failed rollout is counted
+and the step goes on.
 """
 
 from __future__ import annotations
@@ -18,10 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from tqdm.auto import tqdm
 
-from rlcoach.autorl.split import load_records, save_dataset, split_records
+from rlcoach.autorl.grounded import answer_facts, split_by_call
+from rlcoach.autorl.split import load_records, save_dataset
 from rlcoach.autorl.types import InputRecord
 from rlcoach.backend import LocalBackend
 from rlcoach.bundled import BUNDLED_MODEL
@@ -34,14 +41,19 @@ from rlcoach.integrations.mcp.agent import (
     Example,
     build_demonstration,
     run_agent,
-    tool_use_check,
 )
 from rlcoach.integrations.mcp.connection import ServerSpec, connect
+from rlcoach.integrations.mcp.explore import Exploration, sandboxed, unsafe_only_message
+from rlcoach.integrations.mcp.report import exploration_summary, report_markdown
+from rlcoach.integrations.mcp.reward import grounded_check
+from rlcoach.integrations.mcp.safety import ToolSafety, judge_tool
+from rlcoach.integrations.mcp.scenarios import blend_generated, server_scenarios, worked_examples
 from rlcoach.integrations.mcp.tools import ToolSet, convert_tools
 from rlcoach.model import Model, TrainableModel
-from rlcoach.paths import append_jsonl, write_text_atomic
-from rlcoach.types import Message, TrajectoryGroup, save_groups
+from rlcoach.paths import RunPaths, append_jsonl, write_text_atomic
+from rlcoach.types import ChatRecord, Message, TrajectoryGroup, save_groups
 from rlcoach.usage import ModelUsage
+from rlcoach.validation import Config
 
 __all__ = [
     "Discovery",
@@ -56,7 +68,7 @@ __all__ = [
 PROJECT = "mcp"
 
 
-class Endpoint(BaseModel):
+class Endpoint(Config):
     """An OpenAI-compatible model: a generator or a judge."""
 
     model_config = ConfigDict(extra="forbid")
@@ -69,7 +81,7 @@ class Endpoint(BaseModel):
         return Model(self.model, base_url=self.url, api_key_env=self.api_key_env)
 
 
-class MCPTrainConfig(BaseModel):
+class MCPTrainConfig(Config):
     model_config = ConfigDict(extra="forbid")
 
     server: ServerSpec
@@ -78,31 +90,47 @@ class MCPTrainConfig(BaseModel):
     """The trained model's name (default `<server>-<time>`); an existing one resumes."""
     steps: int = Field(4, ge=0)
     """RL steps this run (after any warm-up; a resumed model trains this many more)."""
-    scenarios: int = Field(24, ge=2)
-    """Scenarios to generate (ignored with `scenarios_file`)."""
+    scenarios: int = Field(32, ge=2)
+    """Grounded scenarios to write (ignored with `scenarios_file`)."""
     scenarios_file: Path | None = None
     """A JSONL of AutoRL input records (e.g. from `rlcoach autorl generate --mcp`)."""
     eval_fraction: float = Field(0.25, gt=0.0, lt=1.0)
     scenarios_per_step: int = Field(2, ge=1)
     group_size: int = Field(4, ge=2)
-    eval_samples: int = Field(1, ge=1)
+    eval_samples: int = Field(2, ge=1)
     agent: AgentConfig = Field(default_factory=AgentConfig)
-    demonstration: bool = True
-    """Put a worked example from a real call before each task (small models need it)."""
+    demonstration: bool = False
+    """Put a worked example from a real call before each task (doubles the prompt; the
+    SFT warm-up on the grounded calls teaches more)."""
     examples: list[Example] = Field(default_factory=list)
     """Worked examples to use instead of the automatic one (run against the server)."""
-    warmup_epochs: int = Field(0, ge=0)
+    warmup_epochs: int | None = Field(None, ge=0)
     """Before RL, fine-tune (SFT) this many epochs on the worked examples, framed as the
-    agent frames a task (system prompt, tools); 0: no warm-up. A small model that never
-    calls a tool gives GRPO groups without reward variance; the warm-up gives it some."""
+    agent frames a task (system prompt, tools); 0: no warm-up; None: `auto_warmup_epochs`
+    when the base model's held-out success is below `warmup_below`. A small model that
+    never calls a tool gives GRPO groups without reward variance; the warm-up gives it
+    some."""
+    auto_warmup_epochs: int = Field(4, ge=1)
+    warmup_below: float = Field(0.1, ge=0.0, le=1.0)
+    warmup_examples: int = Field(24, ge=1)
+    """At most this many worked examples (one per training scenario with an answer key)."""
+    warmup_tokens: int = Field(80_000, ge=1000)
+    """And at most about this many tokens over all epochs (long tool lists make long
+    examples: the LoRA step learns ~250 tokens/s on two CPU cores)."""
+    allow_unsafe_tools: bool = False
+    """Call while exploring, and offer the policy, the tools the safety rule finds unsafe
+    (they still run in the private working directory and home)."""
+    explore_budget_s: float = Field(180.0, gt=0.0)
+    """Upper bound on exploring the server."""
     warmup_learning_rate: float = Field(1e-3, gt=0.0)
     generator: Endpoint | None = None
-    """Writes the scenarios; default: the base model on the local engine (weak)."""
+    """Rephrases the grounded scenarios and writes more (AutoRL); default: none, the
+    scenarios come from the templates alone."""
     judge: Endpoint | None = None
     """RULER's judge; without one the reward is the agent's check alone."""
     judge_weight: float = Field(0.5, ge=0.0, le=1.0)
     check: str | None = None
-    """`module:function` scoring an `AgentRun` in [0, 1]; default `tool_use_check`."""
+    """`module:function` scoring an `AgentRun` in [0, 1]; default `grounded_check`."""
     learning_rate: float = Field(1e-3, gt=0.0)
     seed: int = 0
     engine: str = "vllm"
@@ -122,6 +150,8 @@ class Discovery:
     context: str
     """Resource texts (cut) and the server's instructions, for writing scenarios."""
     demonstration: list[Message]
+    safety: dict[str, ToolSafety]
+    """Every tool's verdict (`tools` holds only the allowed ones)."""
 
 
 def _log(line: str) -> None:
@@ -153,10 +183,13 @@ async def discover(
     demonstration: bool = True,
     examples: list[Example] | None = None,
     context_chars: int = 3000,
+    allow_unsafe: bool = False,
 ) -> Discovery:
-    """Connect, list tools/resources/prompts, read text resources, build the example."""
+    """Connect, list tools/resources/prompts, read text resources, judge each tool's
+    safety (only the allowed ones are kept), build the example."""
     async with connect(spec) as server:
-        tools = convert_tools(await server.list_tools())
+        listed = await server.list_tools()
+        tools = convert_tools(listed)
         resources = await server.list_resources()
         prompts = await server.list_prompts()
         parts = [server.instructions] if server.instructions else []
@@ -172,6 +205,17 @@ async def discover(
             f"MCP server {spec.label!r} offers no usable tools ({skipped}); "
             "there is nothing to train tool use on"
         )
+    safety = {}
+    for tool in listed:
+        verdict = judge_tool(
+            tool.name, tool.description or "", tool.annotations, allow_unsafe=allow_unsafe
+        )
+        renamed = dict(tools.renamed).get(tool.name, tool.name)
+        safety[renamed] = ToolSafety(renamed, verdict.safe, verdict.rule, verdict.allowed)
+    allowed = [n for n in tools.names if safety.get(n) is None or safety[n].allowed]
+    if not allowed:
+        raise ConfigError(unsafe_only_message(spec, safety))
+    tools = tools.only(allowed)
     example: list[Message] = []
     if demonstration:
         async with connect(spec) as server:  # a throwaway session: the call may change state
@@ -184,6 +228,7 @@ async def discover(
         [p.name for p in prompts],
         "\n\n".join(parts)[:context_chars],
         example,
+        safety,
     )
 
 
@@ -192,7 +237,7 @@ async def tool_source(target: str) -> tuple[list[Any], str | None]:
     http(s) URL: AutoRL's `--mcp` finds this through the `rlcoach.tool_sources` entry point."""
     is_url = target.startswith(("http://", "https://"))
     spec = ServerSpec(url=target) if is_url else ServerSpec.from_command(target)
-    found = await discover(spec, demonstration=False)
+    found = await discover(spec, demonstration=False, allow_unsafe=True)  # nothing is called
     return found.tools.tools, found.context or None
 
 
@@ -225,45 +270,58 @@ def summarize(groups: list[TrajectoryGroup]) -> dict[str, float]:
 
 
 async def _scenarios(
-    config: MCPTrainConfig, found: Discovery, backend: LocalBackend, usage: ModelUsage
-) -> list[InputRecord]:
+    config: MCPTrainConfig,
+    found: Discovery,
+    sandbox: Path,
+    usage: ModelUsage,
+) -> tuple[Exploration | None, list[InputRecord]]:
+    """The scenarios file's records, or grounded scenarios from exploring the server
+    (blended with a named generator's)."""
     if config.scenarios_file is not None:
         records = load_records(config.scenarios_file)
         _log(f"read {len(records)} scenarios from {config.scenarios_file}")
-        return records
-    from rlcoach.autorl.embeddings import minilm_embedder
-    from rlcoach.autorl.generate import GenerationError, generate_scenarios
-
+        return None, records
+    _log(f"exploring {config.server.label} in {sandbox}")
+    explored, records = await server_scenarios(
+        config.server,
+        found.tools,
+        found.safety,
+        config.scenarios,
+        sandbox=sandbox,
+        budget_s=config.explore_budget_s,
+        seed=config.seed,
+        result_chars=config.agent.result_chars,
+    )
+    for tool in explored.tools:
+        if tool.called:
+            _log(
+                f"explored {tool.name}: {tool.calls} calls, {tool.worked} with usable "
+                f"answers, {len(tool.lessons)} lessons from errors"
+                + (f"; crashed: {tool.crashed[:200]}" if tool.crashed else "")
+            )
+    _log(
+        f"{len(records)} grounded scenarios from {len(explored.calls)} calls that worked "
+        f"({explored.seconds:.1f} s of exploring)"
+    )
     if config.generator is not None:
-        generator = config.generator.as_model()
-    else:
-        assert backend.engine is not None
-        _log(
-            "no generator given: the base model writes the scenarios (weak; pass a stronger "
-            "OpenAI-compatible generator for real runs)"
-        )
-        generator = Model(backend.engine.base_name, base_url=backend.url + "/v1")
-    try:
-        return await generate_scenarios(
-            found.tools.tools,
+        records = await blend_generated(
+            records,
+            found.tools,
+            config.generator.as_model(),
             config.scenarios,
-            generator,
-            resources=found.context or None,
+            context=found.context or None,
             usage=usage,
-            embed=minilm_embedder(),
+            seed=config.seed,
             progress=config.progress,
-            config={"seed": config.seed},
         )
-    except GenerationError as e:
-        if len(e.records) < 2:
-            raise
-        _log(f"warning: {e}; going on with the {len(e.records)} generated")
-        return e.records
+        _log(f"{len(records)} scenarios with the generator's rewordings and tasks")
+    return explored, records
 
 
 async def _rollouts(
     model: TrainableModel,
     config: MCPTrainConfig,
+    server: ServerSpec,
     found: Discovery,
     check: Check,
     scenarios: list[InputRecord],
@@ -278,7 +336,7 @@ async def _rollouts(
                 run_agent(
                     model,
                     client,
-                    config.server,
+                    server,
                     s,
                     found.tools,
                     config=config.agent,
@@ -297,71 +355,47 @@ async def _rollouts(
     )
 
 
-def _markdown(report: dict[str, Any]) -> str:
-    before, after = report["eval_before"], report["eval_after"]
-    lines = [
-        f"# rlcoach mcp train: {report['model']}",
-        "",
-        f"- server: `{report['server']}` ({report['server_name']}), tools: "
-        f"{', '.join(report['tools'])}",
-        f"- scenarios: {report['scenarios']['train']} train, {report['scenarios']['eval']} "
-        f"held out ({report['scenarios']['source']})",
-        f"- reward: {report['reward']}",
-        f"- LoRA: `{report['lora']}`",
-        f"- minutes: {report['minutes']:.1f}",
-        "",
-        "| held out | success | reward | tool-call error rate | failed rollouts |",
-        "|---|---|---|---|---|",
-        f"| before | {before['success']:.3f} | {before['reward']:.3f} | "
-        f"{before['tool_error_rate']:.3f} | {before['failed']:.0f} |",
-        *(
-            [
-                f"| after the SFT warm-up | {w['success']:.3f} | {w['reward']:.3f} | "
-                f"{w['tool_error_rate']:.3f} | {w['failed']:.0f} |"
-            ]
-            if (w := (report.get("warmup") or {}).get("eval"))
-            else []
-        ),
-        f"| after | {after['success']:.3f} | {after['reward']:.3f} | "
-        f"{after['tool_error_rate']:.3f} | {after['failed']:.0f} |",
-        "",
-        "| step | reward | success | tool-call error rate | failed | trained | served |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for s in report["steps"]:
-        lines.append(
-            f"| {s['step']} | {s['reward']:.3f} | {s['success']:.3f} | "
-            f"{s['tool_error_rate']:.3f} | {s['failed']:.0f} | {s['trained']} | "
-            f"{s['served']} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
 async def _warm_up(
-    model: TrainableModel, config: MCPTrainConfig, found: Discovery
+    model: TrainableModel,
+    config: MCPTrainConfig,
+    found: Discovery,
+    train: list[InputRecord],
+    epochs: int,
 ) -> dict[str, Any]:
-    """SFT on the worked examples, each framed as the agent frames a task."""
-    from rlcoach.types import ChatRecord
-
-    system = {"role": "system", "content": config.agent.system_prompt}
-    # The demonstration is blocks of (request, call, result, reply), one per example.
+    """SFT on worked examples, each framed as the agent frames a task: the user's own
+    examples (`examples`), then the grounded training scenarios' recorded calls."""
+    system: Message = {"role": "system", "content": config.agent.system_prompt}
+    # A user's demonstration is blocks of (request, call, result, reply), one per example.
     blocks = [found.demonstration[i : i + 4] for i in range(0, len(found.demonstration), 4)]
-    if not blocks:
-        raise ConfigError(
-            "warmup_epochs needs worked examples, and this server gave none "
-            "(no tool answered example arguments); fix: pass examples"
-        )
     records = [ChatRecord(messages=[system, *block], tools=found.tools.tools) for block in blocks]
-    sft = {"epochs": config.warmup_epochs, "learning_rate": config.warmup_learning_rate}
+    records += worked_examples(
+        train,
+        found.tools,
+        config.agent.system_prompt,
+        result_chars=config.agent.result_chars,
+        limit=max(config.warmup_examples - len(records), 0),
+    )
+    # A token is about 3.5 characters of this JSON-heavy text (measured: 434 tokens for
+    # the time server's two tools and a short exchange).
+    size = max(len(json.dumps([r.model_dump() for r in records[:4]])) / 3.5 / 4, 1.0)
+    keep = max(int(config.warmup_tokens / (size * epochs)), 4)
+    records = records[:keep]
+    if not records:
+        raise ConfigError(
+            "the SFT warm-up needs worked examples, and there are none (no grounded "
+            "scenario with an answer key among the training scenarios, no --examples); "
+            "fix: pass --examples, or --warmup-epochs 0"
+        )
+    sft = {"epochs": epochs, "learning_rate": config.warmup_learning_rate}
     result = await model.train_sft(records, sft)
     stats = result.stats
     _log(
-        f"warm-up: SFT on {len(records)} worked examples x {config.warmup_epochs} epochs, "
+        f"warm-up: SFT on {len(records)} worked examples x {epochs} epochs, "
         f"loss {stats.loss_first:.3f} -> {stats.loss_last:.3f}, serving {model.served_name}"
     )
     return {
         "examples": len(records),
-        "epochs": config.warmup_epochs,
+        "epochs": epochs,
         "loss_first": stats.loss_first,
         "loss_last": stats.loss_last,
     }
@@ -378,17 +412,36 @@ async def train_on_server(
     """
     started = time.perf_counter()
     if check is None:
-        check = load_check(config.check) if config.check else tool_use_check
+        check = load_check(config.check) if config.check else grounded_check
     _log(f"discovering {config.server.label}")
     found = await discover(
-        config.server, demonstration=config.demonstration, examples=config.examples
+        config.server,
+        demonstration=config.demonstration or bool(config.examples),
+        examples=config.examples,
+        allow_unsafe=config.allow_unsafe_tools,
     )
     for name, why in found.tools.skipped:
         _log(f"skipped tool {name}: {why}")
+    for verdict in found.safety.values():
+        _log(
+            f"tool {verdict.name}: "
+            + (
+                "called"
+                if verdict.safe
+                else "called: --allow-unsafe-tools"
+                if verdict.allowed
+                else "NOT called"
+            )
+            + f" ({verdict.rule})"
+        )
     _log(
         f"{len(found.tools.tools)} tools: {', '.join(found.tools.names)}; "
-        f"{len(found.resources)} resources, {len(found.prompts)} prompts; worked example: "
-        f"{'yes' if found.demonstration else 'none (no tool answered example arguments)'}"
+        f"{len(found.resources)} resources, {len(found.prompts)} prompts"
+        + (
+            f"; a worked example in every prompt: {'yes' if found.demonstration else 'none'}"
+            if config.demonstration or config.examples
+            else ""
+        )
     )
     slug = "".join(c if c.isalnum() else "-" for c in found.server_name.lower()).strip("-")
     name = config.name or f"{slug[:40] or 'server'}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -398,13 +451,24 @@ async def train_on_server(
         base_model=config.base_model,
         config={"learning_rate": config.learning_rate, "seed": config.seed},
     )
+    usage = ModelUsage()
+    run_dir = RunPaths(backend.root if backend is not None else config.root, PROJECT, name).dir
+    sandbox = run_dir / "sandbox"  # the server's private working directory and home
+    server = sandboxed(config.server, sandbox)
+    explored, records = await _scenarios(config, found, sandbox, usage)
+    train, held_out = split_by_call(records, config.eval_fraction, config.seed)
+    if not train or not held_out:
+        raise ConfigError(
+            f"{len(records)} scenarios split into {len(train)} train and "
+            f"{len(held_out)} held out; both need at least one: give more "
+            "scenarios or change eval_fraction"
+        )
     judge = config.judge.as_model() if config.judge is not None else None
     hook = None
     if judge is not None:
         from rlcoach.integrations.mcp.reward import ruler_rewards
 
         hook = ruler_rewards(judge, found.tools, weight=config.judge_weight)
-    usage = ModelUsage()
     async with contextlib.AsyncExitStack() as stack:
         if backend is None:
             _log(f"starting the {config.engine} engine with {config.base_model}")
@@ -412,14 +476,8 @@ async def train_on_server(
             await stack.enter_async_context(backend)
         await model.register(backend)
         paths = backend.paths(model)
-        records = await _scenarios(config, found, backend, usage)
-        train, held_out = split_records(records, config.eval_fraction, config.seed)
-        if not train or not held_out:
-            raise ConfigError(
-                f"{len(records)} scenarios split into {len(train)} train and "
-                f"{len(held_out)} held out; both need at least one: give more "
-                "scenarios or change eval_fraction"
-            )
+        if explored is not None:
+            write_text_atomic(paths.dir / "exploration.json", explored.model_dump_json(indent=2))
         save_dataset(
             paths.dir / "scenarios",
             train,
@@ -427,6 +485,7 @@ async def train_on_server(
             {
                 "server": config.server.label,
                 "tools": found.tools.names,
+                "split": "by call",
                 "usage": usage.model_dump(),
                 "seed": config.seed,
             },
@@ -440,6 +499,7 @@ async def train_on_server(
             groups = await _rollouts(
                 model,
                 config,
+                server,
                 found,
                 check,
                 held_out,
@@ -456,8 +516,11 @@ async def train_on_server(
 
         before = await evaluate("before", "before training")
         warmup = None
-        if config.warmup_epochs and model.step == 0:
-            warmup = await _warm_up(model, config, found)
+        epochs = config.warmup_epochs
+        if epochs is None:  # auto: only a model that (almost) never succeeds needs it
+            epochs = config.auto_warmup_epochs if before["success"] < config.warmup_below else 0
+        if epochs and model.step == 0:
+            warmup = await _warm_up(model, config, found, train, epochs)
             warmup["eval"] = await evaluate("warmup", "after the SFT warm-up")
         steps: list[dict[str, Any]] = []
         first = model.step  # the warm-up's SFT step counts as a step of the model
@@ -469,7 +532,7 @@ async def train_on_server(
                 break
             label = f"step {batch.step + 1 - first}/{config.steps} rollouts"
             groups = await _rollouts(
-                model, config, found, check, batch.items, config.group_size, label, hook
+                model, config, server, found, check, batch.items, config.group_size, label, hook
             )
             row: dict[str, Any] = {"step": batch.step + 1, **summarize(groups)}
             result = await model.train(groups)
@@ -497,10 +560,24 @@ async def train_on_server(
         "server_name": found.server_name,
         "tools": found.tools.names,
         "skipped_tools": [list(s) for s in found.tools.skipped],
+        "safety": {n: {"allowed": v.allowed, "rule": v.rule} for n, v in found.safety.items()},
+        "exploration": exploration_summary(explored),
         "scenarios": {
             "train": len(train),
             "eval": len(held_out),
-            "source": str(config.scenarios_file or "generated"),
+            "source": str(config.scenarios_file)
+            if config.scenarios_file
+            else "grounded" + (" + generator" if config.generator else ""),
+            "examples": [
+                {
+                    "text": r.text,
+                    "tool": r.metadata.get("tool"),
+                    "arguments": r.metadata.get("arguments"),
+                    "answer_facts": [f.display() for f in answer_facts(r)],
+                    "held_out": r in held_out,
+                }
+                for r in [*train[:4], *held_out[:4]]
+            ],
         },
         "reward": (
             f"{config.judge_weight} x RULER ({config.judge.model}) + "
@@ -518,6 +595,6 @@ async def train_on_server(
         "run_dir": str(paths.dir),
     }
     write_text_atomic(paths.dir / "report.json", json.dumps(report, indent=2) + "\n")
-    write_text_atomic(paths.dir / "report.md", _markdown(report))
+    write_text_atomic(paths.dir / "report.md", report_markdown(report))
     _log(f"report: {paths.dir / 'report.md'}")
     return report

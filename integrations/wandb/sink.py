@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from rlcoach.config import parse_config
 from rlcoach.errors import ConfigError
@@ -31,6 +31,7 @@ from rlcoach.recording import content_text
 from rlcoach.sinks import RunInfo
 from rlcoach.timeline import timeline
 from rlcoach.types import Trajectory, TrajectoryGroup
+from rlcoach.validation import Config
 
 __all__ = ["TABLE_COLUMNS", "WandbConfig", "WandbSink"]
 
@@ -53,7 +54,7 @@ TABLE_COLUMNS = [
 ]
 
 
-class WandbConfig(BaseModel):
+class WandbConfig(Config):
     """Options of `WandbSink`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -82,7 +83,7 @@ def _row(step: int, number: int, mean: float, trajectory: Trajectory, limit: int
     line = timeline(trajectory)
     users = [m for m in trajectory.messages if m.get("role") == "user"]
     answers = [m for m in trajectory.messages if m.get("role") == "assistant"]
-    judge = [entry for entry in trajectory.logs if entry.startswith("RULER ")]
+    judge = [verdict.describe() for verdict in trajectory.verdicts]
     calls = [
         f"{c.name}({json.dumps(c.arguments)[:200]})" + (" -> error" if c.error else "")
         for c in line.tool_calls

@@ -1,87 +1,25 @@
-"""A real `rlcoach serve` subprocess on 127.0.0.1 for the serve tests (start, kill -9, restart)."""
+"""A real `rlcoach serve` subprocess for the serve tests (start, kill -9, restart), with a
+key, and a way to run an example against it (`bench/served.py` holds the process part)."""
 
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
-import httpx
+from served import ServeProcess as _Served
 
 KEY = "test-key-5b0c1f"
 RUNNER = Path(__file__).with_name("remote_example.py")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+class ServeProcess(_Served):
+    """`rlcoach serve` with the test key unless told otherwise."""
 
-
-class ServeProcess:
-    """`rlcoach serve` with a key, a root and a port; its log is kept beside the root."""
-
-    def __init__(self, root: Path, engine: str, *extra: str, key: str | None = KEY) -> None:
-        self.root = root
-        self.engine = engine
-        self.extra = list(extra)
-        self.key = key
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = root.parent / f"serve-{self.port}.log"
-        self.process: subprocess.Popen | None = None
-
-    def start(self, timeout_s: float = 300.0) -> None:
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
-        env.pop("RLCOACH_API_KEY", None)
-        if self.key:
-            env["RLCOACH_API_KEY"] = self.key
-        command = [
-            sys.executable,
-            "-m",
-            "rlcoach.cli",
-            "-v",
-            "serve",
-            "--engine",
-            self.engine,
-            "--port",
-            str(self.port),
-            "--root",
-            str(self.root),
-            *self.extra,
-        ]
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"serve exited: {self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"serve did not start: {self.log.read_text()[-3000:]}")
-
-    def kill9(self) -> None:
-        assert self.process is not None
-        os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait()
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.key}"}
+    def __init__(
+        self, root: Path, engine: str, *extra: str, key: str | None = KEY, **options: Any
+    ) -> None:
+        super().__init__(root, engine, *extra, key=key, **options)
 
     def run_example(
         self, script: Path, args: list[str], client_root: Path, timeout_s: float = 600

@@ -1,7 +1,7 @@
 """Langfuse: the real SDK (5.2) exporting our traces and scores to a receiver of ours.
 
 Why the receiver is ours: Langfuse's server needs Docker (Postgres, ClickHouse, Redis,
-S3), which this machine does not have. `tests/langfuse_receiver.py` stands in for it on
+S3), which this machine does not have. `bench/langfuse_receiver.py` stands in for it on
 127.0.0.1 — the one seam faked — accepting what the SDK sends (OTLP/HTTP protobuf spans
 on /api/public/otel/v1/traces, JSON scores on /api/public/scores) and decoding the spans
 with opentelemetry-proto. Our sink and its thread, the SDK, its OTLP exporter and batching
@@ -25,6 +25,7 @@ from rlcoach import History, RolloutFailure, SampledChoice, Trajectory, Trajecto
 from rlcoach.integrations.langfuse import trace_id
 from rlcoach.ruler import RulerConfig, score_group
 from rlcoach.sinks import SinkConfig, open_sinks, rollout_metrics, run_info
+from rlcoach.types import tool_message
 
 ROOT = Path(__file__).resolve().parents[2]
 ADD = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
@@ -70,7 +71,7 @@ def _agent(answer: str) -> Trajectory:
         {"role": "user", "content": "What is 2 + 3?"},
         ask,
         {"role": "tool", "tool_call_id": "c1", "content": "5"},
-        {"role": "tool", "tool_call_id": "c2", "content": "error: a must be an integer"},
+        tool_message("c2", "a must be an integer", error=True),
         final,
     ]
     summary = {"role": "assistant", "content": "sums"}

@@ -134,6 +134,8 @@ async def test_prebuilt_react_agent_with_two_tools(policy, vllm_backend):
         assert json.loads(price_call["arguments"]) == {"item": item}
         assert trajectory.messages[2]["content"] == lookup_price.invoke(item)  # real answer
         assert "item" in trajectory.messages[4]["content"]  # the validation error it sent back
+        assert trajectory.messages[4]["is_error"] is True  # from LangChain's status="error"
+        assert "is_error" not in trajectory.messages[2]
         assert trajectory.metrics == {"tool_calls": 2.0, "tool_errors": 1.0}
         assert trajectory.tools and {t["function"]["name"] for t in trajectory.tools} == {
             "lookup_price",

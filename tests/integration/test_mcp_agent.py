@@ -74,6 +74,7 @@ async def test_time_server_rollouts_call_real_tools_and_train_a_step(agent):
     assert ok.choices and ok.choices[0].token_ids and ok.tools == tools.tools
     assert failed.metrics["tool_errors"] == 1 and failed.metrics["tool_ok"] == 0
     assert "Mars/Olympus_Mons" in failed.messages[-1]["content"]
+    assert failed.messages[-1]["is_error"] is True and "is_error" not in result  # a field
     assert any("tool_error get_current_time" in line for line in failed.logs)
     assert ok.reward > failed.reward  # a successful call beats a failed one
     step = await agent.train(groups)
@@ -131,6 +132,8 @@ async def test_faults_are_answered_counted_or_fail_only_their_rollout(agent):
     assert "failed on purpose: testing" in tool_error.messages[-1]["content"]
     assert rejected.metrics["invalid_calls"] == 1  # never reached the server
     assert "do not match its schema" in rejected.messages[-1]["content"]
+    flags = [t.messages[-1].get("is_error", False) for t in (echo, tool_error, rejected)]
+    assert flags == [False, True, True]
     failures = {f.type: f.message for f in group.failures}
     assert "call_timeout_s=2" in failures["ToolTimeoutError"]
     assert "rollout_timeout_s=8" in failures["RolloutTimeoutError"]
@@ -140,26 +143,37 @@ async def test_faults_are_answered_counted_or_fail_only_their_rollout(agent):
 
 
 async def test_train_on_server_writes_a_report(agent, vllm_backend, tmp_path):
-    """The whole job on our inventory server, scenarios written by the bundled model, with
-    an SFT warm-up on the automatic worked example (step 1) before the RL step (step 2)."""
+    """The whole job on our inventory server with its defaults: exploration of the safe
+    tools (update_stock and create_order are not called), grounded scenarios, the
+    grounded reward, an SFT warm-up (step 1) on the worked examples because the base
+    model's success is near zero, then the RL step (step 2)."""
     config = MCPTrainConfig(
         server=INVENTORY,
         name="inventory-job",
         steps=1,
-        scenarios=6,
+        scenarios=8,
         group_size=2,
         scenarios_per_step=1,
         eval_fraction=0.34,
-        warmup_epochs=1,
+        warmup_examples=2,
+        auto_warmup_epochs=1,
+        warmup_below=1.0,  # a base model that is not perfect gets it (always, in practice)
         agent={"max_turns": 2, "max_tokens": 48},
         progress=False,
     )
     report = await train_on_server(config, backend=vllm_backend)
     folder = Path(report["run_dir"])
     saved = json.loads((folder / "report.json").read_text())
-    assert saved == report and saved["tools"][0] == "search_items"
+    assert saved == report and saved["tools"] == ["search_items", "get_item", "list_orders"]
+    assert not saved["safety"]["create_order"]["allowed"]
+    assert "its name says 'update'" in saved["safety"]["update_stock"]["rule"]
+    assert saved["exploration"]["calls_that_worked"] >= 2 and saved["reward"] == "grounded_check"
+    assert (folder / "exploration.json").is_file() and (folder / "sandbox" / "home").is_dir()
     assert saved["scenarios"]["train"] >= 1 and saved["scenarios"]["eval"] >= 1
-    assert (folder / "scenarios" / "train.jsonl").is_file()
+    train = load_records(folder / "scenarios" / "train.jsonl")
+    held_out = load_records(folder / "scenarios" / "eval.jsonl")
+    assert not {r.metadata["call"] for r in train} & {r.metadata["call"] for r in held_out}
+    assert all(r.metadata["facts"] and r.metadata["answer_key"] for r in train)
     for when in ("before", "warmup", "after"):  # the held-out rollouts, to read them back
         groups = load_groups(folder / f"eval_{when}.jsonl")
         assert len(groups) == saved["scenarios"]["eval"]
@@ -169,10 +183,11 @@ async def test_train_on_server_writes_a_report(agent, vllm_backend, tmp_path):
     )
     for key in ("success", "reward", "tool_error_rate"):
         assert 0.0 <= saved["eval_before"][key] <= 1.0 and 0.0 <= saved["eval_after"][key] <= 1
-    assert "| step | reward |" in (folder / "report.md").read_text()
-    assert saved["warmup"]["examples"] == 1 and step["step"] == 2
+    markdown = (folder / "report.md").read_text()
+    assert "| step | reward |" in markdown and "## Exploration" in markdown
+    assert saved["warmup"]["examples"] == 2 and step["step"] == 2
     assert saved["lora"] is not None  # the warm-up's adapter at least
-    assert "| after the SFT warm-up |" in (folder / "report.md").read_text()
+    assert "| after the SFT warm-up |" in markdown
 
 
 def test_autorl_cli_writes_scenarios_for_an_mcp_server(policy, tmp_path):

@@ -13,8 +13,8 @@ still writes one. vLLM's own tool parser for the family must then turn that text
 `tool_calls` — the check that template and parser agree. The tokenizer is the bundled
 model's vocabulary plus the family's tokens (real vocabularies cannot be downloaded here).
 
-The README's model table is generated from what these tests prove: the last test renders
-the table from this run's results and compares it with the README (set
+The model table in docs/models.md is generated from what these tests prove: the last test
+renders the table from this run's results and compares it with the page (set
 RLCOACH_WRITE_MODEL_TABLE=1 to rewrite it).
 """
 
@@ -335,7 +335,7 @@ def _sum_question(a: int, b: int) -> list[dict]:
 
 
 def render_table(results: dict[str, dict[str, str]]) -> str:
-    """The README's model table, from what the matrix proved this run."""
+    """The model table of docs/models.md, from what the matrix proved this run."""
     lines = [
         "| family | architecture (vLLM CPU) | tool calls | reasoning "
         "| two-turn rollout (bundled vocabulary) | LoRA step + served | LoRA targets |",
@@ -370,25 +370,25 @@ def render_table(results: dict[str, dict[str, str]]) -> str:
 
 _NOT_PROVEN = {
     "gpt-oss": "vLLM loads it with this family's parsers (`openai`, `openai_gptoss`) but "
-    "renders prompts with Harmony's o200k vocabulary, which cannot be downloaded here to "
-    "build a tokenizer; with another vocabulary vLLM rejects the prompt ids",
+    "renders prompts with Harmony's o200k vocabulary, which the offline test cannot download "
+    "to build a tokenizer; with another vocabulary vLLM rejects the prompt ids",
 }
 _START, _END = "<!-- model-table:start -->\n", "<!-- model-table:end -->"
 
 
-def test_readme_model_table_is_what_the_matrix_proved():
+def test_docs_model_table_is_what_the_matrix_proved():
     if len(RESULTS) < len(FAMILIES) + 1:
         pytest.skip("the family tests did not all run in this session")
-    readme = ROOT / "README.md"
-    text = readme.read_text()
+    page = ROOT / "docs" / "models.md"
+    text = page.read_text()
     start, end = text.index(_START) + len(_START), text.index(_END)
     table = render_table(RESULTS)
     if os.environ.get("RLCOACH_WRITE_MODEL_TABLE") == "1":
         from rlcoach.paths import write_text_atomic
 
-        write_text_atomic(readme, text[:start] + table + text[end:])
+        write_text_atomic(page, text[:start] + table + text[end:])
         return
     assert text[start:end] == table, (
-        "README.md's model table differs from what this run proved; fix: run this module "
-        "with RLCOACH_WRITE_MODEL_TABLE=1 and commit README.md"
+        "docs/models.md's model table differs from what this run proved; fix: run this "
+        "module with RLCOACH_WRITE_MODEL_TABLE=1 and commit docs/models.md"
     )

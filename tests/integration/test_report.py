@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rlcoach import BUNDLED_MODEL, SampledChoice, Trajectory, TrajectoryGroup
+from rlcoach import BUNDLED_MODEL, SampledChoice, Trajectory, TrajectoryGroup, Verdict
 from rlcoach.sinks import SinkSet, rollout_metrics, run_info
 
 CHROMIUM_FLAGS = [
@@ -92,7 +92,11 @@ def _attempt(tokenizer, answer: str, reward: float, tool: bool) -> Trajectory:
         reward=reward,
         metrics={"success": float(answer == "5")},
         metadata={"task": "add-2-3"},
-        logs=[f"RULER {reward:.3f}: {'correct sum' if answer == '5' else 'wrong'}"],
+        verdicts=[
+            Verdict(
+                judge="ruler", score=reward, explanation="correct sum" if answer == "5" else "wrong"
+            )
+        ],
     )
 
 

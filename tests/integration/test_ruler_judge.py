@@ -77,7 +77,8 @@ async def test_judging_real_rollouts_as_they_finish(policy, judge, tmp_path):
         assert 0.0 <= trajectory.reward <= 1.0
         assert trajectory.reward == trajectory.metrics["ruler_score"]
         assert "original_reward" in trajectory.metrics
-        assert trajectory.logs[-1].startswith("RULER ")
+        [verdict] = trajectory.verdicts
+        assert verdict.judge == "ruler" and verdict.score == trajectory.reward
 
 
 async def test_judge_calls_inside_a_rollout_are_not_recorded_into_it(policy, judge, tmp_path):

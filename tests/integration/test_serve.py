@@ -273,12 +273,16 @@ async def test_sft_and_rl_alternate_on_one_model_through_serve(server):
     await backend.close()
 
 
-@pytest.mark.parametrize("script", ["basic_loop.py", "ruler_calculator.py"])
+# Examples run unchanged through this server (each example runs once in the suite:
+# see test_examples.py); the others that need a server run on vLLM (test_serve_vllm.py).
+THROUGH_SERVE = {
+    "ruler_calculator.py": ["--eval-questions", "1", "--questions", "1", "--group-size", "2"]
+}
+
+
+@pytest.mark.parametrize("script", sorted(THROUGH_SERVE))
 def test_examples_run_unchanged_against_serve(server, script, tmp_path):
-    small = {
-        "ruler_calculator.py": ["--eval-questions", "1", "--questions", "1", "--group-size", "2"]
-    }
-    done = server.run_example(EXAMPLES / script, ["--steps", "1", *small.get(script, [])], tmp_path)
+    done = server.run_example(EXAMPLES / script, ["--steps", "1", *THROUGH_SERVE[script]], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "step 1:" in done.stdout
     project = server.root / "examples"

@@ -156,6 +156,14 @@ THROUGH_SERVE = {
 }
 
 
+GALLERY = {
+    "email_search/train.py",
+    "game_2048/train.py",
+    "tictactoe/train.py",
+    "temporal_clue/train.py",
+}
+
+
 @pytest.mark.parametrize("script", sorted(THROUGH_SERVE))
 def test_vllm_examples_run_unchanged_against_serve(server, script, tmp_path):
     done = server.run_example(
@@ -163,6 +171,18 @@ def test_vllm_examples_run_unchanged_against_serve(server, script, tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "step 1" in done.stdout, done.stdout[-3000:]
+    if script in GALLERY:  # a gallery run ends with a held-out score and its reward curve
+        assert "held-out before training:" in done.stdout
+        assert "result: reward_before=" in done.stdout
+        if "--warmup-examples" in THROUGH_SERVE[script]:
+            assert "SFT warm-up: 2 demonstrations" in done.stdout, done.stdout[-2000:]
+            assert "held-out after the SFT warm-up:" in done.stdout
+        curves = list(tmp_path.rglob("reward_curve.png"))
+        assert len(curves) == 1 and curves[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if script == "sft_warmup/train.py":
+        assert "SFT warm-up: 4 demonstrations" in done.stdout and "result: base=" in done.stdout
+        [figure] = tmp_path.rglob("sft_warmup.png")
+        assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 async def _chat(http: httpx.AsyncClient, model: str, max_tokens: int) -> tuple[float, int, dict]:

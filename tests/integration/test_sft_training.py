@@ -10,7 +10,6 @@ reached as an ordinary OpenAI-compatible server), captures its conversations cli
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -177,39 +176,3 @@ def test_sft_command_trains_from_a_jsonl_file(tmp_path):
         timeout=600,
     )
     assert done.returncode == 2 and "bad.jsonl:2 is not an SFT example" in done.stderr
-
-
-def test_sft_warmup_example_runs(tmp_path):
-    """examples/sft_warmup/train.py with a tiny budget (its CPU numbers are in the README)."""
-    script = Path(__file__).resolve().parents[2] / "examples" / "sft_warmup" / "train.py"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(script),
-            "--steps",
-            "1",
-            "--engine",
-            "transformers",
-            "--root",
-            str(tmp_path),
-            "--questions-per-step",
-            "1",
-            "--group-size",
-            "2",
-            "--demonstrations",
-            "4",
-            "--sft-epochs",
-            "1",
-            "--eval-questions",
-            "1",
-            "--eval-samples",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "SFT warm-up: 4 demonstrations" in done.stdout and "result: base=" in done.stdout
-    [figure] = tmp_path.rglob("sft_warmup.png")
-    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -9,7 +9,7 @@ blocks of 32 KiB whose records (crc32, length, type) carry `wandb_internal_pb2.R
 import json
 import struct
 
-from rlcoach import Trajectory, TrajectoryGroup
+from rlcoach import Trajectory, TrajectoryGroup, Verdict
 from rlcoach.integrations.wandb import TABLE_COLUMNS, WandbSink
 from rlcoach.sinks import SinkSet, rollout_metrics, run_info
 
@@ -49,7 +49,7 @@ def _group(step):
                 {"role": "user", "content": f"q{step}"},
                 {"role": "assistant", "content": f"a{i}"},
             ],
-            logs=[f"RULER 0.{i}00: reason {i}"],
+            verdicts=[Verdict(judge="ruler", score=i / 10, explanation=f"reason {i}")],
         )
         for i in range(3)
     ]
@@ -107,4 +107,4 @@ def test_offline_run_files_hold_the_metrics_and_tables(tmp_path, monkeypatch):
     table = json.loads(table_file.read_text())
     assert table["columns"] == TABLE_COLUMNS and len(table["data"]) == 2
     row = dict(zip(TABLE_COLUMNS, table["data"][0], strict=True))
-    assert row["training_step"] == 1 and row["task"] == "q1" and row["judge"].startswith("RULER")
+    assert row["training_step"] == 1 and row["task"] == "q1" and row["judge"].startswith("ruler 0.")

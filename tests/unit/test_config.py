@@ -6,7 +6,9 @@ from rlcoach import ConfigError, EngineConfig, TrainableModel, TrainConfig
 from rlcoach.config import check_name, parse_config
 
 
-@pytest.mark.parametrize("name", ["", "../evil", "a/b", ".hidden", "x" * 101, "sp ace", 7])
+@pytest.mark.parametrize(
+    "name", ["", "../evil", "a/b", ".hidden", "x" * 101, "sp ace", 7, "calc\n", "calc\r\n"]
+)
 def test_unsafe_names_are_refused(name):
     with pytest.raises(ConfigError, match="safe path component") as info:
         check_name("model", name)
@@ -47,3 +49,23 @@ def test_defaults_validate_and_nested_dicts_parse():
     config = parse_config(TrainConfig, {"lora": {"rank": 4}})
     assert config.lora.rank == 4
     assert parse_config(TrainConfig, config) is config
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("mini_batches", 10**6),
+        ("micro_batch_tokens", 10**9),
+        ("logprob_chunk_tokens", 10**9),
+    ],
+)
+def test_work_sizes_have_upper_bounds(field, value):
+    with pytest.raises(ConfigError, match=field):
+        parse_config(TrainConfig, {field: value})
+
+
+def test_sft_epochs_are_bounded():
+    from rlcoach.config import SFTConfig
+
+    with pytest.raises(ConfigError, match="epochs"):
+        parse_config(SFTConfig, {"epochs": 10**6})

@@ -96,6 +96,19 @@ def test_server_options_need_exactly_one_transport_and_well_formed_pairs():
             server_spec(*bad)
 
 
+def test_secrets_can_come_from_the_environment_not_the_command_line(monkeypatch):
+    monkeypatch.setenv("MCP_TEST_TOKEN", "Bearer s3cret")
+    monkeypatch.setenv("MCP_TEST_TZ", "UTC")
+    http = server_spec(
+        None, "http://h/mcp", None, None, header_env=["Authorization=MCP_TEST_TOKEN"]
+    )
+    assert http.headers == {"Authorization": "Bearer s3cret"}
+    spec = server_spec("mcp-server-time", None, None, ["MCP_TEST_TZ"])
+    assert spec.env == {"MCP_TEST_TZ": "UTC"}
+    with pytest.raises(typer.BadParameter, match="MCP_TEST_UNSET"):
+        server_spec(None, "http://h/mcp", None, None, header_env=["A=MCP_TEST_UNSET"])
+
+
 def test_examples_read_from_json_or_jsonl_and_checks_by_import_path(tmp_path):
     rows = [{"request": "r", "tool": "t", "arguments": {"a": 1}}]
     (tmp_path / "a.json").write_text(json.dumps(rows))

@@ -32,6 +32,39 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
+def _imported_names(path: Path) -> set[str]:
+    """Every dotted name a file imports, `from a.b import c` giving `a.b.c`."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return names
+
+
+def _private_rlcoach_names(names: set[str]) -> set[str]:
+    return {
+        name
+        for name in names
+        if name.split(".")[0] == "rlcoach" and any(p.startswith("_") for p in name.split("."))
+    }
+
+
+# What a module of tests/ is importable as (pytest puts its folders on sys.path).
+TEST_MODULES = {"tests"} | {p.stem for p in (ROOT / "tests").rglob("*.py")}
+
+
+def _reaches_into_tests(path: Path) -> list[str]:
+    """Imports of a tests/ module, and sys.path entries that name the tests folder."""
+    found = [n for n in _imports(path) if n.split(".")[0] in TEST_MODULES]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and "path" in ast.unparse(node.func).split("."):
+            strings = [c.value for c in ast.walk(node) if isinstance(c, ast.Constant)]
+            found += [f"sys.path gets {s!r}" for s in strings if s == "tests"]
+    return found
+
+
 @pytest.mark.parametrize("folder", sorted(ALLOWED))
 def test_folders_import_only_what_design_allows(folder):
     for path in (ROOT / folder).rglob("*.py"):
@@ -41,6 +74,58 @@ def test_folders_import_only_what_design_allows(folder):
                 assert plugin in ALLOWED[folder], f"{path} imports {name}"
             if folder != "integrations":
                 assert name.split(".")[0] not in OPTIONAL, f"{path} imports optional {name}"
+
+
+def test_the_library_never_imports_a_private_name_of_another_module():
+    # A helper several modules need lives in a shared module (e.g. rlcoach.processes)
+    # under a public name; `from rlcoach.x import _helper` is a layer leak.
+    leaks = []
+    for folder in ALLOWED:
+        for path in (ROOT / folder).rglob("*.py"):
+            leaks += [
+                f"{path.relative_to(ROOT)}: {n}"
+                for n in _private_rlcoach_names(_imported_names(path))
+            ]
+    assert leaks == []
+
+
+def test_examples_import_only_public_names_and_never_tests():
+    # DESIGN.md: examples may import everything public, never a private `_name`, never tests/.
+    paths = sorted((ROOT / "examples").rglob("*.py"))
+    assert len(paths) > 10
+    problems = []
+    for path in paths:
+        where = path.relative_to(ROOT)
+        problems += [f"{where}: private {n}" for n in _private_rlcoach_names(_imported_names(path))]
+        problems += [f"{where}: {found}" for found in _reaches_into_tests(path)]
+    assert problems == []
+
+
+def test_bench_does_not_reach_into_tests():
+    paths = sorted((ROOT / "bench").rglob("*.py"))
+    assert len(paths) > 5
+    problems = [
+        f"{path.relative_to(ROOT)}: {found}"
+        for path in paths
+        for found in _reaches_into_tests(path)
+    ]
+    assert problems == []
+
+
+def test_the_boundary_checks_catch_what_they_look_for(tmp_path):
+    leaky = tmp_path / "leaky.py"
+    leaky.write_text(
+        "import sys\n"
+        "sys.path.insert(0, str(Path(__file__).parents[1] / 'tests'))\n"
+        "from serve_process import ServeProcess\n"
+        "from rlcoach.engines.vllm import _tail\n"
+        "import rlcoach._hidden\n"
+    )
+    assert _private_rlcoach_names(_imported_names(leaky)) == {
+        "rlcoach.engines.vllm._tail",
+        "rlcoach._hidden",
+    }
+    assert sorted(_reaches_into_tests(leaky)) == ["serve_process", "sys.path gets 'tests'"]
 
 
 def test_import_rlcoach_is_light_and_has_no_side_effects(tmp_path):

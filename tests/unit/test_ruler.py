@@ -27,7 +27,8 @@ from rlcoach.ruler import (
     score_group,
 )
 from rlcoach.ruler.judge import AnswerError, parse_digit_answer, parse_json_answer
-from rlcoach.types import History
+from rlcoach.ruler.render import render_message
+from rlcoach.types import History, Verdict, tool_message
 
 TOOLS = [
     {
@@ -101,6 +102,8 @@ def test_render_shows_shared_context_once_and_each_remainder():
     assert '[assistant calls tool] add({"a": 2, "b": 3})' in rendered.bodies[0]
     assert "[tool result] error: overflow" in rendered.bodies[0]
     assert rendered.bodies[1] == "[assistant] answer 6"
+    flagged = render_message(tool_message("c1", "overflow", error=True))
+    assert flagged == "[tool error] overflow"  # the judge sees the flag, not only the wording
 
 
 def test_render_lists_tools_per_trajectory_when_they_differ_and_extra_histories():
@@ -274,7 +277,10 @@ async def test_score_group_copies_rewards_keeps_originals_and_explains(judge, tm
     assert scored.rewards == pytest.approx([0.4, 0.9])
     assert group.rewards == [0.25, 0.25], "the input group was mutated"
     assert [t.metrics["original_reward"] for t in scored.trajectories] == [0.25, 0.25]
-    assert scored.trajectories[1].logs == ["RULER 0.900: said [assistant] answer 9"]
+    assert scored.trajectories[1].verdicts == [
+        Verdict(judge="ruler", score=0.9, explanation="said [assistant] answer 9")
+    ]
+    assert scored.trajectories[1].logs == []  # the verdict is a field, not a log line
     assert scored.metadata["ruler_calls"] == 1
     assert scored.metadata["ruler_prompt_tokens"] == 100
     assert scored.metadata["ruler_cost_usd"] == pytest.approx((100 * 1.0 + 10 * 2.0) / 1e6)
@@ -299,7 +305,9 @@ async def test_a_judge_that_never_answers_right_is_recorded_not_fatal(judge, tmp
     assert scored.metadata["ruler_failed_calls"] == 1
     if on_failure == "keep":
         assert scored.rewards == [0.0, 1.0]
-        assert "RULER failed" in scored.trajectories[0].logs[0]
+        [verdict] = scored.trajectories[0].verdicts
+        assert verdict.judge == "ruler" and verdict.score is None
+        assert "contains no JSON object" in verdict.error and "reward kept" in verdict.error
     else:
         assert scored.trajectories == []
         assert [f.type for f in scored.failures] == ["JudgeError", "JudgeError"]
@@ -348,3 +356,14 @@ async def test_after_each_scores_groups_while_gathering(judge, tmp_path):
         progress=False,
     )
     assert [g.rewards for g in groups] == [pytest.approx([0.2, 0.5]), pytest.approx([0.8, 0.1])]
+
+
+def test_the_judge_cache_is_bounded_and_counts_evictions(tmp_path):
+    from rlcoach.ruler.cache import JudgeCache
+
+    cache = JudgeCache(tmp_path, max_entries=10)
+    keys = [JudgeCache.key("u", {"n": n}) for n in range(12)]
+    evicted = [cache.put(key, {"n": n}) for n, key in enumerate(keys)]
+    assert sum(evicted) == 2  # the 11th entry brings the cache down to 9 of 10
+    assert len(list(tmp_path.glob("*/*.json"))) == 10
+    assert cache.get(keys[-1]) == {"n": 11}

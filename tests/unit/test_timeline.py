@@ -2,6 +2,7 @@
 
 from rlcoach import History, SampledChoice, Trajectory
 from rlcoach.timeline import PolicyCall, ToolCall, timeline
+from rlcoach.types import tool_message
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2}'}}
 BAD = {"id": "c2", "type": "function", "function": {"name": "add", "arguments": "{oops"}}
@@ -29,7 +30,7 @@ def test_calls_prompts_tools_and_times():
         demo,
         {"role": "user", "content": "2+3 again?"},
         first,
-        {"role": "tool", "tool_call_id": "c2", "content": "error: bad JSON"},
+        tool_message("c2", "the arguments are not JSON", error=True),
         {"role": "tool", "tool_call_id": "c1", "content": "5"},
         final,
     ]
@@ -56,7 +57,7 @@ def test_calls_prompts_tools_and_times():
     assert ask.prompt == messages[:4] and answer.prompt == messages[:7]  # the demo is prompt
     assert (ask.start, ask.end, answer.start, answer.end) == (100.0, 101.0, 103.0, 103.5)
     assert (good.name, good.arguments, good.result, good.error) == ("add", {"a": 2}, "5", False)
-    assert (bad.arguments, bad.result, bad.error) == ("{oops", "error: bad JSON", True)
+    assert (bad.arguments, bad.result, bad.error) == ("{oops", "the arguments are not JSON", True)
     assert (good.start, good.end) == (101.0, 103.0)  # between the asking reply and the next
     assert sub[0].history == 1 and sub[0].prompt == [{"role": "user", "content": "sum up"}]
     assert sub[0].start == 99.0  # no recorded time: the rollout's start
@@ -71,3 +72,23 @@ def test_old_files_without_times():
     line = timeline(trajectory, now=50.0)
     assert (line.start, line.end) == (50.0, 50.0)
     assert line.policy_calls[0].prompt == [{"role": "user", "content": "hi"}]
+
+
+def test_a_tool_error_is_the_flag_never_the_wording():
+    call = {"role": "assistant", "content": None, "tool_calls": [CALL, BAD, {**CALL, "id": "c3"}]}
+    messages = [
+        {"role": "user", "content": "2+3?"},
+        call,
+        tool_message("c1", "error-free result: 5"),  # text that looks like an error is not one
+        {"role": "tool", "tool_call_id": "c2", "content": "bad call", "status": "error"},
+        tool_message("c3", "the server refused", error=True),
+    ]
+    trajectory = Trajectory(messages=messages, choices=[_choice(call)])
+    assert [c.error for c in timeline(trajectory).tool_calls] == [False, True, True]
+    assert tool_message("c3", "x", error=True) == {
+        "role": "tool",
+        "content": "x",
+        "tool_call_id": "c3",
+        "is_error": True,
+    }
+    assert "is_error" not in tool_message("c1", "5")

@@ -1,12 +1,14 @@
 """A stand-in for a Langfuse server's ingestion endpoints, on 127.0.0.1.
 
 Langfuse's server needs Docker (Postgres, ClickHouse, Redis, S3), which this machine does
-not have, so the tests point the real Langfuse SDK (5.2) at this receiver instead. It
-accepts exactly what that SDK sends — spans as OTLP/HTTP protobuf (gzip or not) on
-`/api/public/otel/v1/traces`, scores as a JSON list on `/api/public/scores` — decodes
-the spans with `opentelemetry-proto`, and keeps everything for the test to inspect.
+not have, so the tests and `bench/sinks.py` point the real Langfuse SDK (5.2) at this
+receiver instead. It accepts exactly what that SDK sends — spans as OTLP/HTTP protobuf
+(gzip or not) on `/api/public/otel/v1/traces`, scores as a JSON list on
+`/api/public/scores` — decodes the spans with `opentelemetry-proto`, and keeps
+everything for the test or the benchmark to inspect. It lives in bench/ because both
+use it (bench/ must not import tests/); pytest finds it through `pythonpath`.
 
-    python tests/langfuse_receiver.py --port 3000   # stand-alone, prints what arrives
+    python bench/langfuse_receiver.py --port 3000   # stand-alone, prints what arrives
 """
 
 from __future__ import annotations

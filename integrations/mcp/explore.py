@@ -1,0 +1,314 @@
+"""Exploring a server: call its safe tools with synthesized arguments, keep what works.
+
+    exploration = await explore(spec, tools, safety, sandbox=folder)
+    exploration.calls          # GroundedCall: tool, arguments, the real result
+    exploration.tools          # per tool: the safety rule, calls made, errors, lessons
+
+The server runs in a private working directory and home (`sandboxed`), so a tool that
+writes files writes there. Tools are visited those without required arguments first
+(a listing feeds the lookups), in rounds: each round asks the `ArgumentSynthesizer` for
+argument sets not yet tried — it knows more each round, from results (`observe`) and
+from error messages (`refuse`) — until each tool has `calls_per_tool` calls whose result
+has key facts, or `attempts_per_tool` calls were spent, or `budget_s` ran out. Only
+tools the safety rule allows are called (`safety.py`).
+
+A call that times out stops that tool; a call that kills the server is recorded with the
+server's stderr, the server is started again and the tool is not called again. When
+nothing worked, `explore` raises the error that says why: every tool unsafe (name the
+flag), every answer asking for credentials (name what is missing and `--env`), the
+server crashing (its stderr), or the last error of each tool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rlcoach.autorl.facts import key_facts
+from rlcoach.autorl.grounded import GroundedCall
+from rlcoach.errors import ConfigError
+from rlcoach.integrations.mcp.connection import MCPServerError, ServerSpec, connect
+from rlcoach.integrations.mcp.safety import ToolSafety
+from rlcoach.integrations.mcp.synthesis import ArgumentSynthesizer
+from rlcoach.integrations.mcp.tools import ToolSet
+
+__all__ = ["Exploration", "ToolReport", "explore", "sandboxed", "unsafe_only_message"]
+
+logger = logging.getLogger(__name__)
+
+_CREDENTIALS = re.compile(
+    r"api[ _-]?key|access[ _-]?token|\btoken\b|unauthori[sz]ed|\b401\b|\b403\b|forbidden|"
+    r"credential|authenticat|not logged in|login required|secret|password",
+    re.IGNORECASE,
+)
+_ERROR_TEXT = re.compile(r"\s*$|[^\n]{0,200}\b(?:error|exception|traceback)\b", re.IGNORECASE)
+"""An answer that is empty or an error in words, though not flagged as one (a listing
+of files that failed to read, say)."""
+_ENV_NAME = re.compile(r"\b[A-Z][A-Z0-9]*_(?:[A-Z0-9]+_)*(?:KEY|TOKEN|SECRET|PASSWORD|ID)\b")
+
+
+class ToolReport(BaseModel):
+    """What exploring did with one tool."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    safe: bool
+    rule: str
+    called: bool
+    calls: int = 0
+    worked: int = 0
+    """Calls whose result had key facts (each a grounded call)."""
+    errors: list[str] = Field(default_factory=list)
+    """The first few errors, each with the arguments that caused it."""
+    lessons: list[str] = Field(default_factory=list)
+    crashed: str | None = None
+
+
+class Exploration(BaseModel):
+    """The outcome of `explore`: written to the run folder as `exploration.json`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sandbox: str | None
+    tools: list[ToolReport]
+    calls: list[GroundedCall]
+    seconds: float
+
+    def report(self, name: str) -> ToolReport:
+        return next(t for t in self.tools if t.name == name)
+
+
+def sandboxed(spec: ServerSpec, folder: Path) -> ServerSpec:
+    """`spec` run with `folder/work` as working directory and `folder/home` as HOME
+    (unless the user set them), its command's relative paths made absolute; the package
+    caches stay the user's, so `npx`/`uvx` commands do not download again. A URL server
+    is returned as it is."""
+    if spec.command is None:
+        return spec
+    work, home = folder / "work", folder / "home"
+    work.mkdir(parents=True, exist_ok=True)
+    home.mkdir(parents=True, exist_ok=True)
+    real_home = Path.home()
+    env = {
+        "HOME": str(home),
+        "XDG_CACHE_HOME": os.environ.get("XDG_CACHE_HOME", str(real_home / ".cache")),
+        "NPM_CONFIG_CACHE": os.environ.get("NPM_CONFIG_CACHE", str(real_home / ".npm")),
+        **spec.env,
+    }
+    # The command was written relative to where the user is, not to the sandbox.
+    command = [
+        os.path.abspath(part) if not os.path.isabs(part) and os.path.exists(part) else part
+        for part in spec.command
+    ]
+    if spec.cwd is not None:
+        command = spec.command
+    return spec.model_copy(update={"command": command, "cwd": spec.cwd or str(work), "env": env})
+
+
+def _short(arguments: dict[str, Any]) -> str:
+    text = json.dumps(arguments, ensure_ascii=False)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+class _Session:
+    """One server session that can be started again after a crash."""
+
+    def __init__(self, spec: ServerSpec) -> None:
+        self.spec = spec
+        self.stack: contextlib.AsyncExitStack | None = None
+        self.connection: Any = None
+
+    async def open(self) -> Any:
+        if self.connection is None:
+            self.stack = contextlib.AsyncExitStack()
+            self.connection = await self.stack.enter_async_context(connect(self.spec))
+        return self.connection
+
+    async def close(self) -> None:
+        if self.stack is not None:
+            with contextlib.suppress(Exception):
+                await self.stack.aclose()
+        self.stack, self.connection = None, None
+
+
+def _order(tools: ToolSet, allowed: list[str]) -> list[str]:
+    """Tools without required arguments first: their answers feed the others."""
+    return sorted(allowed, key=lambda n: len(tools.schemas[n].get("required") or []))
+
+
+def unsafe_only_message(
+    spec: ServerSpec, safety: dict[str, ToolSafety], sandbox: Path | None = None
+) -> str:
+    """The error for a server none of whose tools may be called: each rule, the flag."""
+    listed = "; ".join(f"{s.name}: {s.rule}" for s in safety.values())
+    where = f" {sandbox}" if sandbox else ""
+    return (
+        f"every tool of MCP server {spec.label!r} is unsafe to call unattended ({listed}); "
+        "exploration and training call none of them. If calling them is acceptable, pass "
+        "--allow-unsafe-tools (allow_unsafe=True); the server always runs in a private "
+        f"working directory and home{where}"
+    )
+
+
+def _nothing_worked(spec: ServerSpec, reports: list[ToolReport]) -> Exception:
+    called = [r for r in reports if r.called]
+    crashes = [r for r in called if r.crashed]
+    errors = [e for r in called for e in r.errors]
+    if called and errors and all(_CREDENTIALS.search(e) for e in errors):
+        names = sorted({m for e in errors for m in _ENV_NAME.findall(e)})
+        missing = f"the server asks for {', '.join(names)}" if names else "it needs credentials"
+        sample = "; ".join(f"{r.name}: {r.errors[0]}" for r in called if r.errors)[:800]
+        return ConfigError(
+            f"every call to a tool of MCP server {spec.label!r} was refused for want of "
+            f"credentials ({sample}): {missing}. Pass them to the server process with "
+            "--env NAME=value (stdio), or --header 'Name: value' for a --url server"
+        )
+    if crashes and len(crashes) == len(called):
+        detail = "\n".join(f"{r.name}: {r.crashed}" for r in crashes)
+        return MCPServerError(
+            f"MCP server {spec.label!r} crashed while being explored; no tool answered:\n{detail}"
+        )
+    parts = []
+    for r in reports:
+        if not r.called:
+            parts.append(f"{r.name}: not called ({r.rule})")
+        elif r.crashed:
+            parts.append(f"{r.name}: crashed the server: {r.crashed[:400]}")
+        else:
+            last = r.errors[-1] if r.errors else "answered nothing with facts in it"
+            parts.append(f"{r.name}: {r.calls} calls, last: {last[:300]}")
+    return ConfigError(
+        f"no call to a tool of MCP server {spec.label!r} gave a usable answer with "
+        f"synthesized arguments ({'; '.join(parts)}); give worked examples (--examples) or "
+        "scenarios (--scenarios-file), or --allow-unsafe-tools if the tools that were not "
+        "called are acceptable to call"
+    )
+
+
+async def explore(
+    spec: ServerSpec,
+    tools: ToolSet,
+    safety: dict[str, ToolSafety],
+    *,
+    sandbox: Path | None = None,
+    calls_per_tool: int = 8,
+    attempts_per_tool: int = 24,
+    call_timeout_s: float = 15.0,
+    budget_s: float = 180.0,
+    seed: int = 0,
+) -> Exploration:
+    """Explore the server (see the module docstring). `safety` maps each tool's policy
+    name to its verdict; `sandbox` is the private folder the server runs in."""
+    started = time.perf_counter()
+    run_spec = sandboxed(spec, sandbox) if sandbox is not None else spec
+    synthesizer = ArgumentSynthesizer(seed=seed, hints=list(spec.command or [])[1:])
+    reports = {
+        name: ToolReport(name=name, safe=s.safe, rule=s.rule, called=s.allowed)
+        for name, s in safety.items()
+        if name in tools.schemas
+    }
+    allowed = [name for name, r in reports.items() if r.called]
+    if not allowed:
+        raise ConfigError(unsafe_only_message(spec, safety, sandbox))
+    grounded: list[GroundedCall] = []
+    tried: set[str] = set()
+    done: set[str] = set()
+    session = _Session(run_spec)
+    function = {t["function"]["name"]: t["function"] for t in tools.tools}
+    try:
+        async with asyncio.timeout(budget_s):
+            for _round in range(attempts_per_tool):
+                progressed = False
+                for name in _order(tools, allowed):
+                    report = reports[name]
+                    if name in done or report.worked >= calls_per_tool:
+                        continue
+                    if report.calls >= attempts_per_tool:
+                        continue
+                    batch = [
+                        a
+                        for a in synthesizer.candidates(
+                            name, tools.schemas[name], calls_per_tool * 2
+                        )
+                        if f"{name}:{json.dumps(a, sort_keys=True, default=str)}" not in tried
+                        and tools.check_call(name, a).error is None
+                    ][:4]
+                    for arguments in batch:
+                        tried.add(f"{name}:{json.dumps(arguments, sort_keys=True, default=str)}")
+                        progressed = True
+                        outcome = await _try(session, tools, name, arguments, call_timeout_s)
+                        report.calls += 1
+                        if isinstance(outcome, str):  # the tool is done: timeout or crash
+                            report.errors.append(outcome)
+                            report.crashed = outcome if "crash" in outcome[:40] else None
+                            done.add(name)
+                            break
+                        if outcome.is_error or _ERROR_TEXT.match(outcome.text):
+                            error = outcome.text.strip()[:300] or "(an empty answer)"
+                            if len(report.errors) < 5:
+                                report.errors.append(f"{_short(arguments)} -> {error}")
+                            lesson = synthesizer.refuse(name, arguments, outcome.text)
+                            if lesson and len(report.lessons) < 5:
+                                report.lessons.append(lesson)
+                            continue
+                        synthesizer.observe(outcome.text, arguments)
+                        if key_facts(outcome.text, known=json.dumps(arguments)):
+                            report.worked += 1
+                            grounded.append(
+                                GroundedCall(
+                                    tool=name,
+                                    description=function[name].get("description", ""),
+                                    parameters=tools.schemas[name],
+                                    arguments=arguments,
+                                    result=outcome.text,
+                                )
+                            )
+                        elif len(report.errors) < 5:
+                            report.errors.append(
+                                f"{_short(arguments)} -> no facts in: {outcome.text[:120]}"
+                            )
+                        if report.worked >= calls_per_tool:
+                            break
+                if not progressed:
+                    break
+    except TimeoutError:
+        logger.info("exploration stopped at budget_s=%s", budget_s)
+    finally:
+        await session.close()
+    exploration = Exploration(
+        sandbox=str(sandbox) if sandbox else None,
+        tools=list(reports.values()),
+        calls=grounded,
+        seconds=time.perf_counter() - started,
+    )
+    if not grounded:
+        raise _nothing_worked(spec, exploration.tools)
+    return exploration
+
+
+async def _try(
+    session: _Session, tools: ToolSet, name: str, arguments: dict[str, Any], timeout_s: float
+) -> Any:
+    """The call's `ToolResult`, or a string saying why the tool must not be called again."""
+    try:
+        connection = await session.open()
+    except MCPServerError as e:
+        return f"crash: the server did not start again: {e}"
+    try:
+        return await connection.call_tool(tools.server_names[name], arguments, timeout_s=timeout_s)
+    except TimeoutError:
+        await session.close()  # a hung call may hold the session; start a fresh one
+        return f"timed out after {timeout_s:g} s with {_short(arguments)}"
+    except MCPServerError as e:
+        await session.close()
+        return f"crash with {_short(arguments)}: {e}"

@@ -1,0 +1,184 @@
+"""Which tools may be called without a person watching: the rule applied to each tool.
+
+Exploring a server means calling its tools with made-up arguments, and training means
+letting a policy call them thousands of times; a tool that deletes, sends or buys must
+not be among them unless the user says so. The rule, per tool:
+
+1. **Annotations rule when present.** MCP tools may carry `readOnlyHint`,
+   `destructiveHint`, `idempotentHint` and `openWorldHint`. A tool annotated
+   `readOnlyHint: true` is safe. A tool with `readOnlyHint: false` (or a
+   `destructiveHint` without `readOnlyHint`, which defaults to false) changes its
+   environment: unsafe, whether destructive or only additive — an additive write to a
+   user's real notes, calendar or memory graph is still a write.
+2. **Otherwise the name and description decide.** A tool whose name or description has a
+   word that writes, deletes, sends, buys or runs things (`create`, `update`, `delete`,
+   `send`, `buy`, `execute`, ...; see `WRITE_WORDS`) is unsafe; the word is named.
+3. Everything else is safe: reading, searching, computing, converting.
+
+Unsafe tools are neither called while exploring nor offered to the policy, unless the
+user allows them (`allow_unsafe`, `--allow-unsafe-tools`); the server then runs, as
+always, with a private working directory and home (`sandbox`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["DESCRIPTION_WORDS", "WRITE_WORDS", "ToolSafety", "judge_tool"]
+
+WRITE_WORDS = frozenset(
+    [
+        "append",
+        "apply",
+        "approve",
+        "archive",
+        "assign",
+        "book",
+        "buy",
+        "cancel",
+        "change",
+        "charge",
+        "checkout",
+        "clear",
+        "commit",
+        "create",
+        "delete",
+        "deploy",
+        "destroy",
+        "drop",
+        "edit",
+        "email",
+        "erase",
+        "exec",
+        "execute",
+        "forget",
+        "install",
+        "insert",
+        "kill",
+        "merge",
+        "modify",
+        "move",
+        "order",
+        "overwrite",
+        "patch",
+        "pay",
+        "post",
+        "publish",
+        "purchase",
+        "push",
+        "purge",
+        "put",
+        "refund",
+        "remove",
+        "rename",
+        "replace",
+        "reset",
+        "restart",
+        "revert",
+        "rm",
+        "run",
+        "save",
+        "send",
+        "set",
+        "shell",
+        "shutdown",
+        "spend",
+        "stop",
+        "store",
+        "submit",
+        "terminate",
+        "transfer",
+        "truncate",
+        "uninstall",
+        "update",
+        "upload",
+        "upsert",
+        "wipe",
+        "write",
+    ]
+)
+"""Words of a tool's name that mark it as changing something (`add` is not one: a
+calculator's `add` reads nothing and writes nothing; annotated servers say more)."""
+DESCRIPTION_WORDS = WRITE_WORDS - {
+    *[
+        "apply",
+        "assign",
+        "book",
+        "change",
+        "checkout",
+        "clear",
+        "email",
+        "merge",
+        "move",
+        "order",
+        "patch",
+        "post",
+        "put",
+    ],
+    *["replace", "run", "save", "set", "spend", "stop", "store"],
+}
+"""The same, for descriptions, less the words that are as often nouns there ("in
+ascending order", "the store's catalog", "a user's email")."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSafety:
+    """A tool's verdict and the rule that gave it (printed, and in the report)."""
+
+    name: str
+    safe: bool
+    """Safe to call while exploring and to offer the policy without `allow_unsafe`."""
+    rule: str
+    allowed: bool
+    """Callable in this run: safe, or allowed by the user."""
+
+
+def _words(text: str, stems: bool = False) -> list[str]:
+    """Lower-case words, camelCase split; with `stems`, a word ending in -s/-es is also
+    given without it ("deletes", "pushes"; not for names, where `list_orders` reads)."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", text)
+    words = [w for w in re.split(r"[^A-Za-z]+", spaced.lower()) if w]
+    if not stems:
+        return words
+    out = []
+    for word in words:
+        out.append(word)
+        if word.endswith("es"):
+            out.append(word[:-2])
+        if word.endswith("s"):
+            out.append(word[:-1])
+    return out
+
+
+def _annotations(raw: Any) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    data = raw.model_dump(by_alias=True) if hasattr(raw, "model_dump") else dict(raw)
+    return {k: v for k, v in data.items() if v is not None}
+
+
+def judge_tool(
+    name: str, description: str, annotations: Any = None, *, allow_unsafe: bool = False
+) -> ToolSafety:
+    """The verdict on one tool (see the module docstring)."""
+    hints = _annotations(annotations)
+    read_only, destructive = hints.get("readOnlyHint"), hints.get("destructiveHint")
+    if read_only is not None or destructive is not None:
+        if read_only:
+            safe, rule = True, "annotated read-only (readOnlyHint=true)"
+        elif destructive is False:
+            safe, rule = False, "annotated as an additive write (readOnlyHint=false)"
+        else:
+            safe, rule = False, "annotated as a destructive write (destructiveHint=true)"
+    else:
+        in_name = [w for w in _words(name) if w in WRITE_WORDS]
+        in_text = [w for w in _words(description, stems=True) if w in DESCRIPTION_WORDS]
+        if in_name:
+            safe, rule = False, f"unannotated; its name says {in_name[0]!r}"
+        elif in_text:
+            safe, rule = False, f"unannotated; its description says {in_text[0]!r}"
+        else:
+            safe, rule = True, "unannotated; nothing in its name or description writes"
+    return ToolSafety(name, safe, rule, safe or allow_unsafe)

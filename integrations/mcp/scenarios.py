@@ -1,0 +1,144 @@
+"""Where `rlcoach mcp train`'s tasks come from, and the worked examples built from them.
+
+    explored, records = await server_scenarios(spec, found, n=32, sandbox=folder)
+
+By default the server itself supplies them: `explore` calls its safe tools with
+synthesized arguments, and `grounded_scenarios` writes requests from the calls that
+worked, each with the real result as its answer key. A named generator rephrases those
+requests and AutoRL's LLM generation is blended in (its scenarios have no answer key:
+the reward falls back to `tool_use_check` for them). `worked_examples` turns training
+scenarios into demonstrations of the recorded call — request, call, the server's
+answer, a reply that states the key facts — for the SFT warm-up that gives a model
+which never calls a tool the reward variance GRPO needs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rlcoach.autorl.grounded import answer_facts, grounded_scenarios, rephrase, worked_answer
+from rlcoach.autorl.types import InputRecord
+from rlcoach.integrations.mcp.agent import truncate
+from rlcoach.integrations.mcp.connection import ServerSpec
+from rlcoach.integrations.mcp.explore import Exploration, explore
+from rlcoach.integrations.mcp.safety import ToolSafety
+from rlcoach.integrations.mcp.tools import ToolSet
+from rlcoach.model import Model
+from rlcoach.types import ChatRecord, Message
+from rlcoach.usage import ModelUsage
+
+__all__ = ["blend_generated", "server_scenarios", "worked_examples"]
+
+logger = logging.getLogger(__name__)
+
+
+async def server_scenarios(
+    spec: ServerSpec,
+    tools: ToolSet,
+    safety: dict[str, ToolSafety],
+    n: int,
+    *,
+    sandbox: Path,
+    budget_s: float = 180.0,
+    seed: int = 0,
+    result_chars: int = 1500,
+) -> tuple[Exploration, list[InputRecord]]:
+    """Explore the server, then up to `n` grounded scenarios from the calls that worked
+    (about two wordings per call, so exploration aims at `n / 2` calls)."""
+    allowed = [name for name, s in safety.items() if s.allowed and name in tools.schemas]
+    per_tool = min(max(-(-n // (2 * max(len(allowed), 1))), 4), 16)
+    explored = await explore(
+        spec,
+        tools,
+        safety,
+        sandbox=sandbox,
+        calls_per_tool=per_tool,
+        attempts_per_tool=per_tool * 3,
+        budget_s=budget_s,
+        seed=seed,
+    )
+    records = grounded_scenarios(explored.calls, n, result_chars=result_chars)
+    return explored, records
+
+
+async def blend_generated(
+    records: list[InputRecord],
+    tools: ToolSet,
+    generator: Model,
+    n: int,
+    *,
+    context: str | None,
+    usage: ModelUsage,
+    seed: int,
+    progress: bool,
+) -> list[InputRecord]:
+    """The grounded `records`, their rewordings by `generator`, and up to `n // 2` tasks
+    AutoRL's LLM generation writes for the tools (without answer keys)."""
+    from rlcoach.autorl.embeddings import minilm_embedder
+    from rlcoach.autorl.generate import GenerationError, generate_scenarios
+
+    reworded = await rephrase(records, generator, usage=usage)
+    try:
+        generated = await generate_scenarios(
+            tools.tools,
+            max(n // 2, 2),
+            generator,
+            resources=context,
+            usage=usage,
+            embed=minilm_embedder(),
+            progress=progress,
+            config={"seed": seed},
+        )
+    except GenerationError as e:
+        logger.warning("%s; going on with the %d generated", e, len(e.records))
+        generated = e.records
+    return [*records, *reworded, *generated]
+
+
+def worked_examples(
+    records: Sequence[InputRecord],
+    tools: ToolSet,
+    system_prompt: str,
+    *,
+    result_chars: int = 1500,
+    limit: int = 32,
+) -> list[ChatRecord]:
+    """SFT records from grounded scenarios: the system prompt, the request, the recorded
+    call, the server's answer (cut as the agent cuts it) and a reply with the key facts.
+    Framed as the agent frames a task, with the tools it offers."""
+    out: list[ChatRecord] = []
+    for index, record in enumerate(r for r in records if answer_facts(r)):
+        if len(out) >= limit:
+            break
+        name = str(record.metadata["tool"])
+        if name not in tools.schemas:
+            continue
+        arguments: dict[str, Any] = json.loads(str(record.metadata.get("arguments") or "{}"))
+        call_id = f"call_{index}"
+        messages: list[Message] = [
+            {"role": "system", "content": system_prompt},
+            {"role": "user", "content": record.text},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": name, "arguments": json.dumps(arguments)},
+                    }
+                ],
+            },
+            {
+                "role": "tool",
+                "tool_call_id": call_id,
+                "content": truncate(str(record.metadata.get("answer_key", "")), result_chars),
+            },
+            {"role": "assistant", "content": worked_answer(answer_facts(record))},
+        ]
+        out.append(ChatRecord(messages=messages, tools=tools.tools))
+    return out

@@ -1,0 +1,326 @@
+"""Arguments for a tool from its schema alone, improved by what the server answers.
+
+Exploring a server needs calls that work, and nobody wrote example arguments. For each
+property, `ArgumentSynthesizer` builds a pool of candidate values, best first:
+
+1. what the schema says: `const`, `enum` values, `examples`, `default`, values quoted
+   or given after "e.g." in the description, and for numbers the `minimum`/`maximum`;
+2. what the name and description say the value is (`NAMED`): a `timezone` gets IANA
+   zone names, an `expression` arithmetic, a `time` described as HH:MM clock times, a
+   `date` ISO dates, a `url` URLs, an `email` an address;
+3. what the server has said so far (`observe`, `refuse`): string values found in earlier
+   results (names, ids, paths — a listing feeds the lookup; values found under the
+   property's own name first) and in error messages (an error often names what is
+   valid), and paths in the server's own launch command;
+4. guesses any server might know (`GUESSES`): a `query` gets common words, a `city`
+   city names, a `pattern` globs; then a value shaped by the type and `format`.
+
+`candidates(name, schema, n)` combines the pools into `n` distinct argument sets (the
+required properties, or the first one when none is required). A value the server
+refused is never proposed again for that property of that tool (`refuse`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import re
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["GUESSES", "NAMED", "ArgumentSynthesizer", "keyed_strings_in", "strings_in"]
+
+_QUOTED = re.compile(r"""['"`]([^'"`\n]{1,80})['"`]""")
+_EG = re.compile(r"(?:e\.g\.|for example|such as|like)[,:]?\s*([^'\"`\s,;)]+)", re.IGNORECASE)
+_PATH = re.compile(r"(?:^|\s|['\"])(/[\w.\-/]+)")
+
+ZONES = [
+    "Europe/London", "Asia/Tokyo", "America/New_York", "Europe/Paris", "Australia/Sydney",
+    "America/Los_Angeles", "Asia/Kolkata", "Europe/Berlin", "America/Sao_Paulo",
+    "Africa/Cairo", "Asia/Singapore", "Europe/Madrid", "America/Chicago", "Asia/Dubai",
+    "Europe/Moscow", "Pacific/Auckland", "America/Toronto", "Asia/Shanghai",
+]  # fmt: skip
+CLOCK = ["09:30", "14:00", "18:45", "07:15", "12:00", "21:30", "16:20", "08:05"]
+DATES = ["2026-03-14", "2025-11-02", "2026-07-01", "2024-12-25", "2026-01-20"]
+WORDS = ["python", "time", "report", "alice", "paris", "data", "music", "notes"]
+
+
+def _expressions(rng: random.Random) -> list[str]:
+    out = []
+    for _ in range(12):
+        a, b, c = rng.randint(2, 99), rng.randint(2, 40), rng.randint(2, 9)
+        out.append(
+            rng.choice(
+                [f"{a} + {b}", f"{a} * {c}", f"{a} - {b}", f"({a} + {b}) * {c}",
+                 f"{a * c} / {c}", f"{c} ** 3", f"{a} * {b} + {c}"]
+            )
+        )  # fmt: skip
+    return out
+
+
+def _needs(*words: str) -> Callable[[str], bool]:
+    return lambda text: any(re.search(rf"\b{w}", text) for w in words)
+
+
+NAMED: list[tuple[Callable[[str], bool], Callable[[random.Random], list[Any]]]] = [
+    (_needs("timezone", "time_zone", "tz\\b", "zone"), lambda r: r.sample(ZONES, len(ZONES))),
+    (_needs("expression", "formula", "equation", "expr\\b", "calculation"), _expressions),
+    (_needs("hh:mm", "24-hour", "clock"), lambda r: r.sample(CLOCK, len(CLOCK))),
+    (_needs("date", "day\\b", "yyyy"), lambda r: r.sample(DATES, len(DATES))),
+    (_needs("url", "uri", "link", "website"), lambda r: ["https://example.com/"]),
+    (_needs("email", "e-mail"), lambda r: ["ada@example.com"]),
+]
+"""(does a property's name and description match, values to try): kinds of values
+whose shape matters more than what the server has said so far."""
+GUESSES: list[tuple[Callable[[str], bool], Callable[[random.Random], list[Any]]]] = [
+    (_needs("city", "location", "place"), lambda r: ["Paris", "Tokyo", "Lisbon", "Oslo"]),
+    (_needs("country"), lambda r: ["France", "Japan", "Brazil"]),
+    (_needs("lang"), lambda r: ["en", "fr"]),
+    (_needs("pattern", "glob"), lambda r: ["*", "*.md", "*.txt", "**/*.md"]),
+    (_needs("query", "search", "keyword", "term", "text", "q\\b"), lambda r: list(WORDS)),
+]
+"""The same, for values any server might know: tried after what this one returned."""
+
+
+def strings_in(text: str) -> list[str]:
+    """Short string values in a result or error message: JSON string leaves when it is
+    JSON, else quoted strings and absolute paths."""
+    return [value for _, value in keyed_strings_in(text)]
+
+
+def keyed_strings_in(text: str) -> list[tuple[str, str]]:
+    """(the JSON key it was found under, or "", value) for each of `strings_in`."""
+    found: list[tuple[str, str]] = []
+    try:
+        parsed = json.loads(text)
+    except (json.JSONDecodeError, TypeError):
+        parsed = None
+
+    def walk(node: Any, key: str) -> None:
+        if isinstance(node, str):
+            if 0 < len(node) <= 80:
+                found.append((key, node))
+        elif isinstance(node, dict):
+            for name, value in node.items():
+                walk(value, str(name))
+        elif isinstance(node, list):
+            for item in node:
+                walk(item, key)
+
+    if isinstance(parsed, dict | list):
+        walk(parsed, "")
+    else:
+        found += [("", m.group(1)) for m in _QUOTED.finditer(text)]
+        found += [("", m.group(1).rstrip(".,:;")) for m in _PATH.finditer(text)]
+        for line in text.splitlines():
+            # listings: "[FILE] notes.md", "- item", "name: value"
+            item = re.sub(r"^\s*(?:\[\w+\]|[-*•]|\d+[.)])\s+", "", line).strip()
+            if item and item != line.strip() and len(item) <= 80:
+                found.append(("", item))
+    unique = dict.fromkeys((k, v.strip()) for k, v in found if v.strip())
+    return list(unique)
+
+
+def _kind(schema: dict[str, Any]) -> str:
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "string")
+    if kind is None:
+        for key in ("anyOf", "oneOf"):
+            options = [o for o in schema.get(key, []) if o.get("type") != "null"]
+            if options:
+                return _kind(options[0])
+        kind = "object" if "properties" in schema else "string"
+    return str(kind)
+
+
+def _fits(value: Any, schema: dict[str, Any]) -> bool:
+    kind = _kind(schema)
+    if kind in ("integer", "number"):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        if kind == "integer" and not float(value).is_integer():
+            return False
+        low, high = schema.get("minimum"), schema.get("maximum")
+        return (low is None or value >= low) and (high is None or value <= high)
+    if kind == "string":
+        if not isinstance(value, str):
+            return False
+        return schema.get("minLength", 0) <= len(value) <= schema.get("maxLength", 10**6)
+    if kind == "boolean":
+        return isinstance(value, bool)
+    return True
+
+
+class ArgumentSynthesizer:
+    """Candidate arguments per tool (see the module docstring)."""
+
+    def __init__(self, *, seed: int = 0, hints: list[str] = ()) -> None:
+        self.rng = random.Random(seed)
+        self.seen: list[str] = []
+        """String values the server returned or named, most recent last."""
+        self.keys: dict[str, str] = {}
+        """The JSON key each value of `seen` was first found under."""
+        self.learned: dict[str, list[Any]] = {}
+        """Per property name: values an error message suggested."""
+        self.refused: dict[str, list[Any]] = {}
+        self.lessons: list[str] = []
+        for hint in hints:  # the launch command's arguments, e.g. the folder it serves
+            self.seen += [m.group(1) for m in _PATH.finditer(" " + hint)]
+
+    def observe(self, result: str, arguments: dict[str, Any] | None = None) -> None:
+        """Remember the string values of a result, for later calls; a relative name in
+        the answer to a call given a folder is also remembered joined to that folder."""
+        folders = [
+            v.rstrip("/")
+            for v in (arguments or {}).values()
+            if isinstance(v, str) and v.startswith("/")
+        ]
+        for key, value in keyed_strings_in(result):
+            joined = [f"{f}/{value}" for f in folders if not value.startswith("/")]
+            for item in (*joined, value):
+                if item not in self.seen:
+                    self.seen.append(item)
+                    self.keys[item] = key
+
+    def refuse(self, tool: str, arguments: dict[str, Any], error: str) -> str | None:
+        """Learn from a refused call: its values are not proposed again for those
+        properties, and values the error quotes are tried for the property it names
+        (or every refused property). Returns what was learned, for the report."""
+        for name, value in arguments.items():
+            self.refused.setdefault(f"{tool}.{name}", []).append(value)
+        given = [str(v) for v in arguments.values() if v not in (None, "")]
+        suggested = [
+            s
+            for s in [*strings_in(error), *(m.group(1).rstrip(".") for m in _EG.finditer(error))]
+            # a value looks like one: short, few words, not the refused value quoted back
+            if len(s) <= 40 and len(s.split()) <= 3 and not any(g in s for g in given)
+        ]
+        if not suggested:
+            return None
+        named = [n for n in arguments if re.search(rf"\b{re.escape(n)}\b", error)]
+        for name in named or list(arguments):
+            pool = self.learned.setdefault(name, [])
+            pool += [s for s in suggested if s not in pool]
+        for value in suggested:
+            if value not in self.seen:
+                self.seen.append(value)
+        lesson = f"{tool}: the error suggested {', '.join(map(repr, suggested[:4]))}"
+        self.lessons.append(lesson)
+        return lesson
+
+    def values(self, tool: str, name: str, schema: dict[str, Any], n: int) -> list[Any]:
+        """Up to `n` distinct values for one property of `tool`, best first."""
+        kind = _kind(schema)
+        if kind == "object":
+            return [self._object(tool, schema, i) for i in range(n)]
+        if kind == "array":
+            items = self.values(tool, name, schema.get("items") or {"type": "string"}, n + 1)
+            size = max(int(schema.get("minItems", 1)), 1)
+            return [items[i : i + size] or items[:size] for i in range(min(n, len(items)))] or [[]]
+        pool: list[Any] = []
+        if "const" in schema:
+            return [schema["const"]]
+        pool += schema.get("enum") or []
+        pool += schema.get("examples") or []
+        if "default" in schema and schema["default"] is not None:
+            pool.append(schema["default"])
+        pool += self.learned.get(name, [])
+        description = str(schema.get("description", ""))
+        text = f"{name.replace('_', ' ')} {name} {description}".lower()
+        pool += [m.group(1) for m in _QUOTED.finditer(description)]
+        pool += [m.group(1).rstrip(".") for m in _EG.finditer(description)]
+        if kind in ("integer", "number"):
+            low = schema.get("minimum", schema.get("exclusiveMinimum", 0) + 1)
+            high = schema.get("maximum", max(low, 1) + 9)
+            pool += [
+                low,
+                high,
+                *self.rng.sample(range(int(low), int(high) + 1), min(4, int(high - low) + 1)),
+            ]
+            pool = [int(v) if kind == "integer" and isinstance(v, float) else v for v in pool]
+        elif kind == "boolean":
+            pool += [False, True]
+        else:
+            for matches, make in NAMED:
+                if matches(text):
+                    pool += make(self.rng)
+            pool += self._seen_for(name, text)
+            for matches, make in GUESSES:
+                if matches(text):
+                    pool += make(self.rng)
+            pool += self._formatted(schema, name)
+        refused = self.refused.get(f"{tool}.{name}", [])
+        out: list[Any] = []
+        for value in pool:
+            if value in refused or value in out or not _fits(value, schema):
+                continue
+            out.append(value)
+            if len(out) >= n:
+                break
+        return out or [self._formatted(schema, name)[0]]
+
+    def _seen_for(self, name: str, text: str) -> list[str]:
+        """Values the server returned that suit the property: paths for a path, ids for
+        an id, short names for a name or query, anything short otherwise; first those it
+        returned under the property's own name (`name` for `names`, `id` for `item_id`)."""
+        stem = name.lower().rstrip("s").split("_")[-1]
+        recent = sorted(
+            reversed(self.seen),
+            key=lambda v: self.keys.get(v, "").lower().rstrip("s").split("_")[-1] != stem,
+        )
+        if re.search(r"\b(path|file|dir|directory|folder|root|repo)", text):
+            return [v for v in recent if "/" in v or "." in v]
+        if re.search(r"\b(id|ids|key|sku|uuid|identifier)\b|_id\b", text):
+            return [v for v in recent if re.fullmatch(r"[\w.:-]{1,40}", v)]
+        return [v for v in recent if len(v) <= 40 and "\n" not in v]
+
+    def _formatted(self, schema: dict[str, Any], name: str) -> list[Any]:
+        fmt = schema.get("format", "")
+        if fmt == "email":
+            return ["ada@example.com"]
+        if fmt in ("uri", "url"):
+            return ["https://example.com/"]
+        if fmt == "date":
+            return list(DATES)
+        if fmt == "date-time":
+            return [f"{d}T12:00:00Z" for d in DATES]
+        if fmt == "uuid":
+            return ["123e4567-e89b-12d3-a456-426614174000"]
+        return [name.replace("_", " ") or "example"]
+
+    def _object(self, tool: str, schema: dict[str, Any], index: int) -> dict[str, Any]:
+        properties = schema.get("properties", {})
+        names = schema.get("required") or list(properties)[:1]
+        out = {}
+        for name in names:
+            if name in properties:
+                values = self.values(tool, name, properties[name], index + 1)
+                out[name] = values[min(index, len(values) - 1)]
+        return out
+
+    def candidates(self, tool: str, schema: dict[str, Any], n: int) -> list[dict[str, Any]]:
+        """Up to `n` distinct argument sets for `tool`, whose input schema is `schema`."""
+        properties = schema.get("properties", {})
+        names = [p for p in (schema.get("required") or list(properties)[:1]) if p in properties]
+        if not names:
+            return [{}]
+        pools = [self.values(tool, name, properties[name], n) for name in names]
+        out: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        # Walk the pools together (value i of each), then mixed, for variety in few calls.
+        combos = itertools.chain(
+            (tuple(pool[i % len(pool)] for pool in pools) for i in range(n)),
+            itertools.product(*pools),
+        )
+        for combo in combos:
+            arguments = dict(zip(names, combo, strict=True))
+            key = json.dumps(arguments, sort_keys=True, default=str)
+            if key in seen:
+                continue
+            seen.add(key)
+            out.append(arguments)
+            if len(out) >= n:
+                break
+        return out
