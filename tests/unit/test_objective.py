@@ -190,3 +190,49 @@ def test_the_loss_reports_the_mismatch_against_the_sampler_even_with_tis():
         )
         assert terms.mismatch.tokens == 2 and terms.mismatch.beyond == 1
         assert terms.mismatch.abs_max == pytest.approx(0.3, rel=1e-5)
+
+
+@pytest.mark.parametrize(("mini_batches", "tis_cap"), [(1, None), (2, 2.0)])
+def test_a_step_records_the_mismatch_at_the_sampling_weights(tiny_model, mini_batches, tis_cap):
+    """The sampler's log-probs are the trainer's own shifted by known amounts: the step's
+    metrics are those shifts. With two mini-batches the second is measured at the
+    sampling weights too (TIS's no-grad pass), not after the first optimizer step."""
+    import sys
+    from pathlib import Path
+
+    from rlcoach.config import TrainConfig
+    from rlcoach.trainer.lora import LoraTrainer
+    from rlcoach.trainer.sequences import build_sequences, pack_sequences
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from tiny_llama import tiny_groups
+
+    config = TrainConfig(
+        learning_rate=1e-2,
+        micro_batch_tokens=64,
+        seed=3,
+        mini_batches=mini_batches,
+        tis_cap=tis_cap,
+    )
+    trainer = LoraTrainer(tiny_model, config, device="cpu")
+    groups = tiny_groups(0)
+    shifts = []  # sampler - trainer, on the tokens that train (group 3 has no variance)
+    for number, group in enumerate(groups):
+        for trajectory in group.trajectories:
+            [sequence] = build_sequences(trajectory, 1.0)
+            [row] = pack_sequences([sequence], len(sequence.token_ids))
+            with torch.no_grad():
+                own = trainer.row_logprobs(row)[-len(trajectory.choices[0].token_ids) :]
+            shift = [0.3 if i % 4 == 0 else -0.05 for i in range(len(own))]
+            trajectory.choices[0].logprobs = [float(o) + s for o, s in zip(own, shift, strict=True)]
+            if number != 2:
+                shifts += shift
+
+    stats = trainer.step(groups)
+
+    d = torch.tensor([-s for s in shifts], dtype=torch.float64)
+    assert stats.mismatch_abs_mean == pytest.approx(float(d.abs().mean()), abs=0.02)
+    assert stats.mismatch_abs_max == pytest.approx(0.3, abs=0.05)
+    k3 = float((torch.exp(d) - d - 1).mean())
+    assert stats.mismatch_kl_k3 == pytest.approx(k3, abs=0.01)
+    assert stats.mismatch_beyond_fraction == pytest.approx(float((d.abs() > 0.2).double().mean()))
