@@ -7,9 +7,10 @@ must record the model's own log-probs and mark the forced positions. The engine 
 replays, at the `Engine` protocol seam, a JSON-schema completion and a forced tool call
 captured from the real vLLM 0.32 server with the bundled model (`gateway_vllm.json`:
 the completions as vLLM returned them, and the model's own log-probs of the sampled
-tokens from the same server's prompt log-probs) — a vLLM start takes 40-60 s, too long
-for a unit test; the real server runs the same path in test_capture_ratio.py. The
-gateway, its HTTP server and the OpenAI client are real.
+tokens from the same server's prompt log-probs, and the text of the sampled call from its
+detokenizer) — a vLLM start takes 40-60 s, too long for a unit test; the real server runs
+the same paths in test_capture_ratio.py. The gateway, its HTTP server and the OpenAI
+client are real.
 """
 
 import copy
@@ -48,6 +49,11 @@ class ReplayEngine:
                 assert start == len(prompt)
                 return captured["free_logprobs"]
         raise AssertionError("re-scored tokens that were not sampled")
+
+    async def detokenize(self, model: str, token_ids: list[int]) -> str:
+        captured = CAPTURED["required"]
+        assert token_ids == captured["response"]["choices"][0]["token_ids"][:-1]  # no end
+        return captured["text"]
 
     async def healthy(self) -> bool:
         return True
@@ -101,3 +107,40 @@ async def test_a_constrained_completion_is_recorded_with_the_models_own_logprobs
     assert len(choice.forced) < len(choice.token_ids)  # the policy chose the rest
     # the constrained log-probs overstate every forced token: the bias the ratio saw
     assert all(captured["free_logprobs"][i] < 0.0 for i in choice.forced)
+
+
+async def test_a_sampled_tool_call_goes_back_to_the_engine_as_it_was_sampled(gateway):
+    """The model spaced its arguments its own way; the parser re-serialised them. When the
+    client returns the parsed call, the engine must get the sampled text, or the next
+    prompt would not extend the sampled tokens (a second training sequence)."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="x", max_retries=0)
+    question = [{"role": "user", "content": "What is 2 + 3?"}]
+    headers = {ROLLOUT_HEADER: "r2"}
+    first = await client.chat.completions.create(
+        model=ReplayEngine.base_name,
+        messages=question,
+        tools=TOOLS,
+        tool_choice="required",
+        extra_headers=headers,
+    )
+    [call] = first.choices[0].message.tool_calls
+    sampled = CAPTURED["required"]["text"]
+    assert call.function.arguments not in sampled  # re-serialised: spacing differs
+    follow = [
+        *question,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "5"},
+    ]
+    await client.chat.completions.create(
+        model=ReplayEngine.base_name, messages=follow, tools=TOOLS, extra_headers=headers
+    )
+    upstream = gateway.engine.bodies[1]["messages"]
+    assert upstream[1] == {"role": "assistant", "content": sampled}
+    assert upstream[0] == question[0] and upstream[2]["role"] == "tool"
+    # the client's own messages are what is recorded
+    [_, (request, _)] = gateway.recorder.take("r2")
+    assert request["messages"][1]["tool_calls"][0]["function"]["arguments"] == (
+        call.function.arguments
+    )
