@@ -82,6 +82,13 @@ class TrainConfig(_Strict):
     """Divide advantages by the group's reward std (the GRPO paper) or not (Dr.GRPO)."""
     kl_coef: float = Field(0.0, ge=0.0)
     """Weight of the k3 KL estimate to the base model (0 skips the reference pass)."""
+    tis_cap: float | None = Field(None, ge=1.0)
+    """Truncated importance sampling (Yao et al., 2025): weight each token's loss by
+    `min(pi_trainer / pi_sampler, tis_cap)` and take the PPO ratio against the trainer's
+    own log-probs (objective.py). None (default) is off; the paper uses 2."""
+    mismatch_threshold: float = Field(0.2, gt=0.0)
+    """A trained token whose |trainer - sampler| log-prob exceeds this counts in the
+    step's `mismatch_beyond_fraction` (0.2: about the PPO clip range)."""
     mini_batches: int = Field(1, ge=1, le=1024)
     """Optimizer steps per batch of groups; 1 is one step per batch."""
     micro_batch_tokens: int = Field(1024, ge=64, le=1 << 20)

@@ -337,6 +337,7 @@ def _step_result(wire: StepResultWire) -> StepResult:
     from rlcoach.trainer.base import SFTStats, StepStats
 
     kind = SFTStats if wire.kind == "sft" else StepStats
+    # A field with a default may be missing from an older server's answer.
     stats = kind(**{f.name: wire.stats[f.name] for f in fields(kind) if f.name in wire.stats})
     checkpoint = Path(wire.checkpoint) if wire.checkpoint else None  # relative to the server's root
     staleness = Staleness(**wire.staleness) if wire.staleness is not None else None  # type: ignore[arg-type]

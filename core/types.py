@@ -83,6 +83,10 @@ TIMING_KEY = "rlcoach_timing"
 """Where the policy endpoint puts a recorded response's timing (`started_at`, `latency_s`);
 only recorded copies carry it, never what the client receives."""
 
+CHOICE_KEY = "rlcoach"
+"""Where the policy endpoint puts what it learned about a recorded choice (`forced`
+positions, the `constraint`); only recorded copies carry it."""
+
 
 def policy_version_of(served_name: object) -> int | None:
     """The step of a served name `name@step` (None for a name without `@<digits>`)."""
@@ -106,7 +110,15 @@ class SampledChoice(BaseModel):
     token_ids: list[int]
     """The sampled token ids, end-of-turn token included when the engine sampled it."""
     logprobs: list[float]
-    """The engine's log-probability of each sampled token (the behaviour policy)."""
+    """The engine's log-probability of each sampled token (the behaviour policy), from
+    the model's own distribution: under a sampling constraint, the unconstrained one."""
+    forced: list[int] = Field(default_factory=list)
+    """Positions in `token_ids` that a sampling constraint forced (the only token it
+    allowed): recorded and shown, never trained (see docs/capture.md)."""
+    constraint: str | None = None
+    """What constrained sampling (`json_schema`, `json_object`, `regex`, `choice`,
+    `grammar`, `structural_tag`, `tool_choice=required`, `tool_choice=<name>`), or None
+    when the policy sampled freely."""
     policy: str
     """The served name that sampled it, `name@step` (or the base model's name)."""
     policy_version: int | None = None
@@ -137,6 +149,11 @@ class SampledChoice(BaseModel):
                 f"{len(self.logprobs)} logprobs; they must pair one to one — record the "
                 "choice through the policy endpoint, which returns both"
             )
+        if any(not 0 <= index < len(self.token_ids) for index in self.forced):
+            raise ValueError(
+                f"a sampled choice marks positions {self.forced} as forced but has "
+                f"{len(self.token_ids)} tokens; forced positions index `token_ids`"
+            )
         return self
 
     @classmethod
@@ -161,12 +178,15 @@ def choice_from_response_json(choice: dict[str, Any], response: dict[str, Any]) 
     message = {k: v for k, v in (choice.get("message") or {}).items() if v is not None}
     message.setdefault("role", "assistant")
     timing = response.get(TIMING_KEY) or {}
+    recorded = choice.get(CHOICE_KEY) or {}
     return SampledChoice(
         message=message,
         finish_reason=choice.get("finish_reason"),
         prompt_token_ids=list(prompt_ids),
         token_ids=list(token_ids),
         logprobs=[float(entry["logprob"]) for entry in content],
+        forced=list(recorded.get("forced") or []),
+        constraint=recorded.get("constraint"),
         policy=str(response.get("model", "")),
         started_at=timing.get("started_at"),
         latency_s=timing.get("latency_s"),

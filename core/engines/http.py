@@ -16,6 +16,7 @@ anything that is not an HTTP answer (refused, reset, timed out).
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -23,12 +24,21 @@ from typing import Any
 from rlcoach import fastjson
 from rlcoach.errors import EngineError
 
-__all__ = ["EngineConnectionError", "EngineHTTP", "EngineResponse"]
+__all__ = ["EngineConnectionError", "EngineHTTP", "EngineResponse", "EngineStatusError"]
 
 
 class EngineConnectionError(EngineError):
     """The engine's server did not answer (connection refused or reset, timeout); the
     engine's client turns it into an `EngineError` that names the call."""
+
+
+class EngineStatusError(EngineError):
+    """A streamed request was answered with a status other than 200; `response` holds the
+    whole answer (for the engine's client to turn into its `EngineHTTPError`)."""
+
+    def __init__(self, response: EngineResponse) -> None:
+        super().__init__(f"HTTP {response.status_code}: {response.text[:200]}")
+        self.response = response
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +168,38 @@ class EngineHTTP:
         except httpx.HTTPError as e:
             raise EngineConnectionError(f"{method} {path}: {e!r}") from e
         return EngineResponse(answer.status_code, answer.content)
+
+    async def lines(self, method: str, path: str, *, json: Any = None) -> AsyncIterator[bytes]:
+        """A streamed answer's lines as they arrive (server-sent events). A status other
+        than 200 raises `EngineStatusError`; no answer, `EngineConnectionError`."""
+        client = self._client()
+        body = fastjson.dumps(json) if json is not None else None
+        headers = {"content-type": "application/json"} if body is not None else None
+        if self._aiohttp is not None:
+            aiohttp = self._aiohttp
+            try:
+                async with client.request(
+                    method, self.base_url + path, data=body, headers=headers
+                ) as answer:
+                    if answer.status != 200:
+                        raise EngineStatusError(EngineResponse(answer.status, await answer.read()))
+                    async for line in answer.content:
+                        yield line.rstrip(b"\r\n")
+            except (aiohttp.ClientError, TimeoutError) as e:
+                raise EngineConnectionError(f"{method} {path}: {e!r}") from e
+            return
+        import httpx
+
+        try:
+            async with client.stream(method, path, content=body, headers=headers) as answer:
+                if answer.status_code != 200:
+                    raise EngineStatusError(
+                        EngineResponse(answer.status_code, await answer.aread())
+                    )
+                async for line in answer.aiter_lines():
+                    yield line.encode()
+        except httpx.HTTPError as e:
+            raise EngineConnectionError(f"{method} {path}: {e!r}") from e
 
     async def aclose(self) -> None:
         session, self._session = self._session, None

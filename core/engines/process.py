@@ -1,9 +1,10 @@
 """An inference engine in a process of its own: started, watched, killed and started again.
 
 vLLM runs this way, and so can the transformers engine (`transformers_process.py`). The
-engine is an HTTP server speaking vLLM's API (`/health`, `/v1/chat/completions`,
-`/v1/load_lora_adapter`, `/v1/unload_lora_adapter`); this class starts it, talks to it
-and answers the supervisor's `exit_code()` and `restart()` (supervisor.py).
+engine is an HTTP server speaking vLLM's API (`/health`, `/v1/chat/completions`, streamed
+or not, `/v1/completions` for prompt log-probs, `/detokenize`, `/v1/load_lora_adapter`,
+`/v1/unload_lora_adapter`); this class starts it, talks to it and answers the
+supervisor's `exit_code()` and `restart()` (supervisor.py).
 
 Choices, and why:
 - The server listens on a Unix socket in a folder that only this user may enter (made by
@@ -35,13 +36,19 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from rlcoach import fastjson
 from rlcoach.config import EngineConfig
 from rlcoach.engines.base import EngineHTTPError
-from rlcoach.engines.http import EngineConnectionError, EngineHTTP, EngineResponse
+from rlcoach.engines.http import (
+    EngineConnectionError,
+    EngineHTTP,
+    EngineResponse,
+    EngineStatusError,
+)
 from rlcoach.errors import ConfigError, EngineError, EngineStartError
 from rlcoach.processes import kill_group, log_tail, parent_death_signal, watch_group
 
@@ -257,6 +264,48 @@ class EngineProcess:
         if not isinstance(data, dict):
             raise EngineError(f"the {self.NAME} answered a chat completion with {data!r:.200}")
         return data
+
+    async def chat_stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        self._alive()
+        assert self._client is not None
+        try:
+            async for line in self._client.lines("POST", "/v1/chat/completions", json=body):
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                if data:
+                    yield fastjson.loads(data)
+        except EngineStatusError as e:
+            raise EngineHTTPError(e.response.status_code, _error_body(e.response)) from None
+        except EngineConnectionError as e:
+            self._alive()
+            raise EngineError(f"the {self.NAME} broke off a streamed chat: {e!r}") from e
+
+    async def token_logprobs(self, model: str, token_ids: list[int], start: int) -> list[float]:
+        # Prompt log-probs are computed from the raw logits: no grammar, no temperature.
+        payload = {
+            "model": model,
+            "prompt": token_ids,
+            "max_tokens": 1,
+            "prompt_logprobs": 0,
+            "temperature": 0.0,
+        }
+        response = await self._post("/v1/completions", payload)
+        if response.status_code != 200:
+            raise EngineHTTPError(response.status_code, _error_body(response))
+        positions = response.json()["choices"][0]["prompt_logprobs"]
+        values = []
+        for token, entry in zip(token_ids[start:], positions[start:], strict=True):
+            values.append(float(entry[str(token)]["logprob"]))
+        return values
+
+    async def detokenize(self, model: str, token_ids: list[int]) -> str:
+        response = await self._post("/detokenize", {"model": model, "tokens": token_ids})
+        if response.status_code != 200:
+            raise EngineHTTPError(response.status_code, _error_body(response))
+        return str(response.json()["prompt"])
 
     async def load_adapter(self, served_name: str, path: Path) -> None:
         payload = {"lora_name": served_name, "lora_path": str(path)}  # absolute: see LocalBackend

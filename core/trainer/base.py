@@ -52,6 +52,15 @@ class StepStats:
     """The mini-batch (1, 2, ...) whose loss or gradient norm was not finite, which
     stopped the step before its optimizer update (`trained` is then False and nothing is
     saved or published); 0 when every value was finite."""
+    mismatch_abs_mean: float = 0.0
+    """Sampler/trainer mismatch on the trained tokens at the weights that sampled them
+    (objective.py): mean |trainer - sampler| log-prob,"""
+    mismatch_abs_max: float = 0.0
+    """its largest value,"""
+    mismatch_kl_k3: float = 0.0
+    """the k3 estimate of KL(sampler || trainer) per token,"""
+    mismatch_beyond_fraction: float = 0.0
+    """and the share of tokens beyond `TrainConfig.mismatch_threshold`."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
