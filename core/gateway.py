@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import logging
 import socket
@@ -278,6 +279,7 @@ class Gateway:
         self.engine = engine
         self.router = router
         self.recorder = recorder or Recorder()
+        self._gate = _Gate(enabled=bool(getattr(engine, "rescore_alone", False)))
         self.call_timeout_s = call_timeout_s
         """Default limit of `call` (an engine start passes its own)."""
         self.host = host
@@ -318,6 +320,7 @@ class Gateway:
             return error_response(404, str(e), param="model", code="model_not_found")
         except EngineError as e:
             return _unavailable(e)
+        await self._gate.enter()
         call = _Call(body, served, engine_name, request.headers.get(ROLLOUT_HEADER), received)
         streaming = False
         try:
@@ -344,6 +347,7 @@ class Gateway:
             await self._record(call, response, time.perf_counter() - clock)
         finally:
             if not streaming:
+                await self._gate.leave()
                 await self.router.release(engine_name)
         response = trim_top_logprobs(response, int(body.get("top_logprobs") or 0))
         return JSONResponse(response)
@@ -457,6 +461,7 @@ class Gateway:
                 logger.warning("a streamed completion ended without a finish; not recorded")
             yield DONE
         finally:
+            await self._gate.leave()
             await self.router.release(call.engine_name)
 
     async def _record(self, call: _Call, response: dict[str, Any], latency_s: float) -> None:
@@ -467,9 +472,14 @@ class Gateway:
         recorded = {**response, TIMING_KEY: timing}
         if call.constraint is not None:
             prompt = list(response.get("prompt_token_ids") or [])
-            recorded["choices"] = [
-                await self._rescored(call, prompt, choice) for choice in response["choices"]
-            ]
+            await self._gate.leave()  # the chat itself is done; the re-scoring may wait
+            try:
+                async with self._gate.alone():
+                    recorded["choices"] = [
+                        await self._rescored(call, prompt, choice) for choice in response["choices"]
+                    ]
+            finally:
+                await self._gate.enter()
         self.recorder.add(call.rollout_id, call.body, recorded)
 
     async def _rescored(
@@ -594,6 +604,55 @@ def _event_loop() -> asyncio.AbstractEventLoop:
     except ImportError:
         return asyncio.new_event_loop()
     return uvloop.new_event_loop()
+
+
+class _Gate:
+    """Counts the chats in flight on the engine and lets a re-scoring run with none of
+    them, where the engine needs that (`rescore_alone`, vLLM on a CPU); a no-op
+    elsewhere. New chats wait while a re-scoring waits or runs."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._active = 0
+        self._alone = False
+        self._changed: asyncio.Condition | None = None  # made in the gateway's own loop
+
+    def _condition(self) -> asyncio.Condition:
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        return self._changed
+
+    async def enter(self) -> None:
+        if self.enabled:
+            changed = self._condition()
+            async with changed:
+                await changed.wait_for(lambda: not self._alone)
+                self._active += 1
+
+    async def leave(self) -> None:
+        if self.enabled:
+            changed = self._condition()
+            async with changed:
+                self._active -= 1
+                changed.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def alone(self) -> AsyncIterator[None]:
+        if not self.enabled:
+            yield
+            return
+        changed = self._condition()
+        async with changed:
+            await changed.wait_for(lambda: not self._alone)
+            self._alone = True
+            await changed.wait_for(lambda: self._active == 0)
+        try:
+            yield
+        finally:
+            changed = self._condition()
+            async with changed:
+                self._alone = False
+                changed.notify_all()
 
 
 class _Call:
