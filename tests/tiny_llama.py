@@ -3,8 +3,7 @@
 The model is built from its config (hidden 64, two layers, tied embeddings; seeded, so
 the same weights every time), so the real trainer code runs on it in about a second.
 The groups carry random token ids with rewards that vary within each group, except one
-group without variance (the step skips it and counts it); the first group's attempts
-share one prompt, as a GRPO group's do (the trainer runs it once: trainer/sequences.py).
+group without variance (the step skips it and counts it).
 """
 
 from __future__ import annotations
@@ -39,13 +38,11 @@ def save_tiny_llama(folder: Path) -> Path:
 
 def tiny_groups(seed: int) -> list[TrajectoryGroup]:
     """Four groups of one-call trajectories (prompts of 4-30 tokens, 2-25 sampled ones);
-    the first group's trajectories share a prompt of 12-30 tokens; the third group's
-    rewards are all equal."""
+    the third group's rewards are all equal."""
     rng = random.Random(seed)
-    shared = [rng.randrange(VOCAB) for _ in range(rng.randint(12, 30))]
 
-    def trajectory(reward: float, prompt: list[int] | None = None) -> Trajectory:
-        prompt = prompt or [rng.randrange(VOCAB) for _ in range(rng.randint(4, 30))]
+    def trajectory(reward: float) -> Trajectory:
+        prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(4, 30))]
         sampled = [rng.randrange(VOCAB) for _ in range(rng.randint(2, 25))]
         choice = SampledChoice(
             message={"role": "assistant", "content": "x"},
@@ -57,8 +54,4 @@ def tiny_groups(seed: int) -> list[TrajectoryGroup]:
         return Trajectory(choices=[choice], reward=reward)
 
     rewards = [[1.0, 0.0, 0.5, 0.0], [0.2, 0.9, 0.4], [1.0, 1.0, 1.0], [0.0, 1.0]]
-    first, *others = rewards
-    return [
-        TrajectoryGroup(trajectories=[trajectory(r, shared) for r in first]),
-        *(TrajectoryGroup(trajectories=[trajectory(r) for r in g]) for g in others),
-    ]
+    return [TrajectoryGroup(trajectories=[trajectory(r) for r in g]) for g in rewards]
