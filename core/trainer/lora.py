@@ -136,7 +136,9 @@ def chunked_token_logprobs(
         hidden_1TH = backbone(
             input_ids=input_ids_1T,
             position_ids=position_ids_1T,
-            rlcoach_segments=torch.tensor(segments, dtype=torch.long),
+            # Flat [4S]: a [1, 4] table of a one-sequence row would make a compiled
+            # layer specialise on the size 1 and compile again (attention.py).
+            rlcoach_segments=torch.tensor(segments, dtype=torch.long).flatten(),
         ).last_hidden_state
     else:
         # Any other attention: a dense mask of the same pieces (sdpa ignores position ids).
