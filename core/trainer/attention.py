@@ -17,13 +17,12 @@ It plugs into transformers as a registered attention implementation
 (`SEGMENT_ATTENTION`): a model loaded with `attn_implementation=SEGMENT_ATTENTION` builds
 no mask at all (transformers skips mask creation for implementations it does not know),
 and the boundaries reach every layer as the `rlcoach_segments` keyword of the forward
-call: as a tuple, the sequence start offsets followed by the row length, or the row's
-pieces `(start, end, context_start, context_end)` (a `PackedRow`'s `segments`); as a CPU
-int64 tensor, the pieces, [S, 4] or flattened to [4S]. The trainer passes the flat
-tensor: a compiled decoder layer (fusion.py) guards on a tuple's length and values, so
-every new set of boundaries would recompile it, while a tensor is a graph input whose
-values the guards ignore (and a [4S] size is never the 1 that dynamic shapes specialise
-on, as a one-sequence row's [1, 4] would be).
+call: the sequence start offsets followed by the row length [S+1], or the row's pieces
+`(start, end, context_start, context_end)` as an [S, 4] table (a `PackedRow`'s
+`segments`), as a tuple or as a CPU int64 tensor. The trainer passes the tensor (the
+boundaries where the row shares no prefix): a compiled decoder layer (fusion.py) guards
+on a tuple's length and values, so every new set of boundaries would recompile it, while
+a tensor is a graph input whose values the guards ignore.
 
 Shared prefixes (sequences.py): a piece with a context range is the suffix of a sequence
 whose prefix another piece holds. Its queries attend to the prefix's keys and then to its
@@ -64,12 +63,11 @@ def _pieces(
     segments: tuple[int, ...] | tuple[tuple[int, ...], ...] | torch.Tensor | None, length: int
 ) -> list[tuple[int, int, int, int]]:
     """The `(start, end, context_start, context_end)` pieces of a row from any form of
-    `rlcoach_segments` (a tuple of boundaries [S+1] or of pieces; a tensor of pieces)."""
+    `rlcoach_segments` (boundaries [S+1], or pieces [S, 4])."""
     if segments is None:
         return [(0, length, 0, 0)]
     if isinstance(segments, torch.Tensor):  # a CPU tensor: reading it does not sync the GPU
-        values = segments.flatten().tolist()  # always pieces, [S, 4] or flat [4S]
-        segments = [tuple(values[i : i + 4]) for i in range(0, len(values), 4)]
+        segments = segments.tolist()  # boundaries [S+1] or pieces [S, 4]
     if segments and isinstance(segments[0], int):
         pieces = [(start, end, start, start) for start, end in itertools.pairwise(segments)]
     else:

@@ -84,6 +84,16 @@ def _plain_segments(position_ids_T: torch.Tensor) -> tuple[Segment, ...]:
     return tuple((start, end, start, start) for start, end in itertools.pairwise(bounds))
 
 
+def _segments_tensor(segments: tuple[Segment, ...], length: int) -> torch.Tensor:
+    """`rlcoach_segments` for attention.py: the boundaries [S+1] of a row without a shared
+    prefix, else its pieces [S, 4] (S >= 3: a prefix and two suffixes). A [1, 4] table of
+    a one-sequence row would make a compiled layer specialise on the size 1 and compile
+    again."""
+    if all(context_start == context_end for _, _, context_start, context_end in segments):
+        return torch.tensor([start for start, _, _, _ in segments] + [length], dtype=torch.long)
+    return torch.tensor(segments, dtype=torch.long)
+
+
 def _dense_mask(segments: tuple[Segment, ...], length: int, device: torch.device) -> torch.Tensor:
     """The [1, 1, T, T] boolean mask of a row's pieces, for attention implementations
     other than `SEGMENT_ATTENTION` (and as the plain reference the tests compare with)."""
@@ -136,9 +146,7 @@ def chunked_token_logprobs(
         hidden_1TH = backbone(
             input_ids=input_ids_1T,
             position_ids=position_ids_1T,
-            # Flat [4S]: a [1, 4] table of a one-sequence row would make a compiled
-            # layer specialise on the size 1 and compile again (attention.py).
-            rlcoach_segments=torch.tensor(segments, dtype=torch.long).flatten(),
+            rlcoach_segments=_segments_tensor(segments, length),
         ).last_hidden_state
     else:
         # Any other attention: a dense mask of the same pieces (sdpa ignores position ids).
