@@ -103,10 +103,6 @@ async def rollout_group(model, size: int, rng: random.Random, counters: dict) ->
             except Exception:
                 counters["chat_retries"] += 1
                 await asyncio.sleep(0.5)
-                # A restarted server knows a model again only once the client registers
-                # it (or trains it): until then its chats answer 404 model_not_found.
-                with contextlib.suppress(Exception):
-                    await model.register(model.backend)
         trajectories.append(rollout.trajectory)
     return TrajectoryGroup(trajectories)
 

@@ -101,6 +101,9 @@ __all__ = ["PolicyServer", "ServeConfig", "serve"]
 
 logger = logging.getLogger(__name__)
 
+REGISTRATION = "registration.json"
+"""A registered model's `ModelRef`, in its run folder: registered again at start-up."""
+
 MiB = 1024 * 1024
 
 _NUMBER = re.compile(r"[0-9]{1,15}")
@@ -252,6 +255,7 @@ class PolicyServer:
                 max_connections=self.config.max_concurrent_chats + 16, max_keepalive_connections=64
             ),
         )
+        await self._register_again()
         try:
             yield
         finally:
@@ -264,6 +268,17 @@ class PolicyServer:
                 await asyncio.wait(running, timeout=60)
             await self._upstream.aclose()
             await self.backend.close()
+
+    async def _register_again(self) -> None:
+        """Models registered before a restart are served again before the first request
+        (each at its latest committed step), so their chats do not answer 404 until a
+        client registers or trains them; a registration that no longer works is logged."""
+        for file in sorted(self.root.glob(f"*/*/{REGISTRATION}")):
+            try:
+                ref = ModelRef.model_validate_json(await asyncio.to_thread(file.read_bytes))
+                await self._model(ref)
+            except (OSError, ValueError, RLCoachError, _Refusal) as e:
+                logger.warning("model %s is not registered again after the restart: %s", file, e)
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -360,6 +375,8 @@ class PolicyServer:
             except ConfigError as e:
                 raise _Refusal(400, str(e), code="invalid_model") from e
             self.models[ref.name] = model
+            record = self._run_paths(ref.project, ref.name).dir / REGISTRATION
+            await asyncio.to_thread(write_text_atomic, record, ref.model_dump_json())
             return model
 
     # -- handlers: service ---------------------------------------------------------------
