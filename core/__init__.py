@@ -24,16 +24,26 @@ from rlcoach.errors import (
     TrainingDataError,
     UnknownModelError,
 )
-from rlcoach.gather import AfterEach, RolloutFn, gather_trajectory_groups, retry
+from rlcoach.gather import (
+    AfterEach,
+    RolloutFn,
+    gather_trajectories,
+    gather_trajectory_groups,
+    retry,
+)
 from rlcoach.model import Model, TrainableModel
 from rlcoach.remote import RemoteBackend
 from rlcoach.rollout import Rollout, current_rollout_id
 from rlcoach.sinks import Sink, SinkConfig
 from rlcoach.types import (
     ChatRecord,
+    ClientChoice,
     History,
+    Messages,
+    MessagesAndChoices,
     RolloutFailure,
     SampledChoice,
+    Tools,
     Trajectory,
     TrajectoryGroup,
     Verdict,
@@ -51,6 +61,7 @@ __all__ = [
     "Backend",
     "ChatRecord",
     "CheckpointError",
+    "ClientChoice",
     "ConfigError",
     "DatasetBatch",
     "EngineConfig",
@@ -59,6 +70,8 @@ __all__ = [
     "History",
     "LocalBackend",
     "LoraConfig",
+    "Messages",
+    "MessagesAndChoices",
     "Model",
     "ModelUsage",
     "RLCoachError",
@@ -73,6 +86,7 @@ __all__ = [
     "Sink",
     "SinkConfig",
     "StepResult",
+    "Tools",
     "TrainConfig",
     "TrainableModel",
     "TrainerError",
@@ -83,6 +97,7 @@ __all__ = [
     "Verdict",
     "__version__",
     "current_rollout_id",
+    "gather_trajectories",
     "gather_trajectory_groups",
     "iterate_dataset",
     "load_groups",
@@ -90,3 +105,31 @@ __all__ = [
     "save_groups",
     "tool_message",
 ]
+
+_ART_NAMES = {
+    "dev": "rlcoach takes ART's `_internal_config` and `_config` as plain dicts (keys as in "
+    "art.dev: `model._internal_config = dict(init_args=dict(max_seq_length=8192))`), or set "
+    "LocalBackend(engine=EngineConfig(...)) and TrainConfig(...) directly",
+    "LocalAPI": "that is ART's old name; write LocalBackend()",
+    "API": "write LocalBackend() (or RemoteBackend(url) for `rlcoach serve`)",
+    "ServerlessBackend": "rlcoach has no hosted service; run `rlcoach serve` on a GPU machine "
+    "and use RemoteBackend(url)",
+    "SkyPilotBackend": "start `rlcoach serve` on the cluster (e.g. with SkyPilot) and use "
+    "RemoteBackend(url)",
+    "auto_trajectory": "open a scope instead: `async with model.rollout() as rollout:` records "
+    "every call made through model.openai_client()",
+    "capture_auto_trajectory": "open a scope instead: `async with model.rollout() as rollout:`",
+    "yield_trajectory": "return `rollout.trajectory` from a `model.rollout()` scope",
+    "capture_yielded_trajectory": "return `rollout.trajectory` from a `model.rollout()` scope",
+    "TrainSFTConfig": "write SFTConfig(...) and model.train_sft(data, config)",
+    "trajectory_group_batches": "write iterate_dataset(items, batch_size, epochs)",
+}
+"""ART names rlcoach does not have, and what to write instead."""
+
+
+def __getattr__(name: str) -> object:
+    if name in _ART_NAMES:
+        raise AttributeError(
+            f"module 'rlcoach' has no attribute {name!r} (an OpenPipe ART name): {_ART_NAMES[name]}"
+        )
+    raise AttributeError(f"module 'rlcoach' has no attribute {name!r}")

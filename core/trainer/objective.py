@@ -25,6 +25,8 @@ Loss (`policy_loss`)
   means without making the step size depend on the batch's token count.
 - `cispo`: `-sg(min(r, 1+eps_high)) * A * log pi` (MiniMax-M1): clips the importance
   weight, not the update, so every token keeps a gradient.
+- Behaviour log-probs missing (NaN: client-built replies without sampler log-probs,
+  trainer/render.py) are the current policy's own, detached (ratio 1), as ART does.
 - KL: off by default (`kl_coef=0`, as in DAPO and Dr.GRPO). When on, the k3 estimator
   `exp(ref-new) - (ref-new) - 1` against the base model (adapter disabled) is added per
   token, inside the same normalisation, instead of into the reward.
@@ -84,8 +86,14 @@ def policy_loss(
     ref_logprobs_T: torch.Tensor | None = None,
     kl_coef: float = 0.0,
 ) -> LossTerms:
-    """Token-level loss over T tokens; `mask_T` is 1 on sampled tokens, 0 on context."""
+    """Token-level loss over T tokens; `mask_T` is 1 on sampled tokens, 0 on context.
+
+    A NaN behaviour log-prob (a client-built reply without one, trainer/render.py) is
+    the current policy's own, detached: that token's ratio is 1."""
     mask_T = mask_T.to(new_logprobs_T.dtype)
+    old_logprobs_T = torch.where(
+        torch.isnan(old_logprobs_T), new_logprobs_T.detach(), old_logprobs_T
+    )
     log_ratio_T = (new_logprobs_T - old_logprobs_T) * mask_T
     ratio_T = torch.exp(log_ratio_T)
     if kind == "cispo":
