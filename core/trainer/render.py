@@ -165,16 +165,27 @@ def _shown(message: dict[str, Any]) -> list[str]:
 
 
 def _render_checked(
-    template: _Template, history: History, trajectory_id: str
-) -> list[tuple[str, str]]:
-    """For each message `i`: (prompt text of `messages[:i]` with the generation prompt,
-    text of `messages[:i + 1]`), after checking the template shows every message."""
+    template: _Template, history: History, trajectory_id: str, trained: list[int]
+) -> dict[int, tuple[str, str]]:
+    """For each trained message `i`: (the text of `messages[:i]` with the generation
+    prompt, the text of `messages[:i + 1]`), after checking, message by message, that
+    the template renders every message and shows it."""
     messages = [dict(m) for m in history.messages]
-    texts = []
+    texts: dict[int, tuple[str, str]] = {}
     for index, message in enumerate(messages):
+        if index in trained and index == 0:
+            raise _refuse(
+                trajectory_id,
+                index,
+                message,
+                "is a reply with no message before it, so it has no prompt",
+                "start the conversation with the system or user message it answers",
+            )
         try:
-            prompt = template.text(messages[:index], history.tools, generation=True)
             full = template.text(messages[: index + 1], history.tools, generation=False)
+            if index in trained:
+                prompt = template.text(messages[:index], history.tools, generation=True)
+                texts[index] = (prompt, full)
         except Exception as e:  # a Jinja error, or a template that raises on a role
             raise _refuse(
                 trajectory_id,
@@ -196,7 +207,6 @@ def _render_checked(
                 "use a role the template renders (e.g. merge it into a user or system "
                 "message), or pass EngineConfig(chat_template=...) with a template that has it",
             )
-        texts.append((prompt, full))
     return texts
 
 
@@ -229,7 +239,7 @@ def render_history(
     ]
     if not trained:
         return []
-    texts = _render_checked(template, history, trajectory_id)
+    texts = _render_checked(template, history, trajectory_id, trained)
     choices = []
     for index in trained:
         prompt_text, full_text = texts[index]
