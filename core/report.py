@@ -208,6 +208,19 @@ def _charts(
         axes.grid(alpha=0.3)
         charts.append(("Success", _png(figure)))
         plt.close(figure)
+    if evals:
+        figure, axes = plt.subplots(figsize=(6.4, 3.4))
+        for split in sorted({e["split"] for e in evals}):
+            points = [(e["step"], e[f"{split}/reward"]) for e in evals if e["split"] == split]
+            axes.plot(*zip(*points, strict=True), marker="s", label=f"{split}/reward")
+        axes.set_xlabel("training step (checkpoint evaluated)")
+        axes.set_ylabel("mean reward")
+        axes.set_title("Evaluations (model.log)")
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=8)
+        charts.append(("Evaluations", _png(figure)))
+        plt.close(figure)
     return charts
 
 
