@@ -18,6 +18,8 @@ from typing import Any, Protocol, overload
 from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, model_validator
 from pydantic_core import core_schema
 
+from rlcoach.errors import DataError
+
 __all__ = [
     "ClientChoice",
     "MessageList",
@@ -125,7 +127,7 @@ def split_choice(item: Any, message_index: int) -> tuple[Message, ClientChoice]:
 def _as_message(item: Any, index: int) -> Message:
     data = _plain(item)
     if not isinstance(data, dict) or not isinstance(data.get("role"), str):
-        raise ValueError(
+        raise DataError(
             f"messages_and_choices[{index}] is {type(item).__name__} ({str(item)[:80]!r}), "
             "neither a chat message (a dict with a role) nor an OpenAI Choice; fix: pass "
             "message dicts and `completion.choices[i]` objects"
