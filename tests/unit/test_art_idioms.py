@@ -22,6 +22,7 @@ from rlcoach import (
     TrajectoryGroup,
     gather_trajectories,
     gather_trajectory_groups,
+    iterate_dataset,
 )
 from rlcoach.art_config import internal_config, train_options
 from rlcoach.evaluation import eval_record, read_metric, steps_to_keep
@@ -128,6 +129,13 @@ async def test_after_each_may_drop_or_split_and_gather_trajectories():
     assert results[0].reward == 1.0 and isinstance(results[1], RuntimeError)
     with pytest.raises(RuntimeError, match="tool server down"):
         await gather_trajectories((_attempt(r) for r in (1.0, -1.0)), progress=False)
+
+
+def test_iterate_dataset_takes_arts_names():
+    art = list(iterate_dataset(list(range(5)), groups_per_step=2, num_epochs=2, use_tqdm=True))
+    ours = list(iterate_dataset(list(range(5)), 2, 2))
+    assert [b.items for b in art] == [b.items for b in ours] and len(art) == 6
+    assert [b.epoch_step for b in art] == [0, 1, 2, 0, 1, 2]
 
 
 def test_beta_is_kl_coef():
