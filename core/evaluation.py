@@ -11,36 +11,23 @@ mean. `rlcoach report` charts them beside the training curves.
 `model.delete_checkpoints("val/reward")` then keeps the latest checkpoint (always), the
 `keep_last` newest, and the `keep_best` best by that metric — any number in the run's
 `metrics.jsonl` records (an eval metric, or a training one such as `reward_mean`) — and
-deletes the rest. `steps_to_keep` is the pure rule, so `rlcoach serve`'s retention can
-apply the same one.
+deletes the rest: retention.py's rule, the one `rlcoach serve` applies after each step.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import os
 import re
-import shutil
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Literal
 
 from rlcoach.errors import ConfigError
 from rlcoach.paths import RunPaths
+from rlcoach.retention import RetentionConfig, apply_retention, read_metric
 from rlcoach.sinks import rollout_metrics
 from rlcoach.types import Trajectory, TrajectoryGroup
 
-__all__ = [
-    "as_groups",
-    "check_split",
-    "delete_checkpoints",
-    "eval_record",
-    "metric_by_step",
-    "read_metric",
-    "steps_to_keep",
-]
+__all__ = ["as_groups", "check_split", "delete_checkpoints", "eval_record"]
 
 logger = logging.getLogger(__name__)
 
@@ -102,73 +89,6 @@ def eval_record(
     return record
 
 
-def read_metric(metrics_file: Path, metric: str) -> dict[int, float]:
-    """`metric`'s value per step in a run's `metrics.jsonl` (torn lines are skipped)."""
-    if not metrics_file.is_file():
-        return {}
-    records = []
-    for line in metrics_file.read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue
-    return metric_by_step(records, metric)
-
-
-def metric_by_step(records: Iterable[Any], metric: str) -> dict[int, float]:
-    """`metric`'s value per step in metrics records (the mean where a step has several;
-    records without a finite number for it are skipped)."""
-    values: dict[int, list[float]] = {}
-    for record in records:
-        if not isinstance(record, dict):
-            continue
-        value, step = record.get(metric), record.get("step")
-        if (
-            isinstance(step, int)
-            and isinstance(value, int | float)
-            and not isinstance(value, bool)
-            and math.isfinite(value)
-        ):
-            values.setdefault(step, []).append(float(value))
-    return {step: sum(v) / len(v) for step, v in values.items()}
-
-
-def steps_to_keep(
-    steps: Iterable[int],
-    latest: int,
-    *,
-    keep_last: int = 1,
-    keep_best: int = 1,
-    scores: Mapping[int, float] | None = None,
-    mode: Literal["max", "min"] = "max",
-) -> set[int]:
-    """The checkpoint steps a retention rule keeps: `latest` always, the `keep_last`
-    newest, and the `keep_best` best by `scores` (among existing checkpoints)."""
-    if keep_last < 1 or keep_best < 0:
-        raise ConfigError(
-            f"keep_last={keep_last!r} must be at least 1 and keep_best={keep_best!r} at "
-            "least 0; fix: e.g. keep_last=1, keep_best=1 (the latest and the best)"
-        )
-    if mode not in ("max", "min"):
-        raise ConfigError(f"best_mode={mode!r} must be 'max' or 'min'")
-    existing = sorted(set(steps))
-    keep = set(existing[-keep_last:]) | {latest}
-    ranked = sorted(
-        (s for s in existing if scores and s in scores),
-        key=lambda s: (scores or {})[s],
-        reverse=mode == "max",
-    )
-    return keep | set(ranked[:keep_best])
-
-
-def _remove(folder: Path) -> None:
-    # Renamed to a `.tmp-` name first (a restart removes those), so a crash mid-delete
-    # never leaves a half folder that looks like a complete checkpoint.
-    doomed = folder.with_name(f".tmp-deleting-{folder.name}")
-    os.replace(folder, doomed)
-    shutil.rmtree(doomed, ignore_errors=True)
-
-
 def delete_checkpoints(
     paths: RunPaths,
     latest: int,
@@ -179,28 +99,25 @@ def delete_checkpoints(
     best_mode: Literal["max", "min"] = "max",
     forget: Callable[[int], None] = lambda step: None,
 ) -> list[int]:
-    """Delete a run's checkpoints that `steps_to_keep` does not keep; `forget(step)` is
-    called before each goes (the router stops serving it). Returns the deleted steps."""
-    steps = [
-        int(p.name)
-        for p in (paths.checkpoints.iterdir() if paths.checkpoints.is_dir() else [])
-        if p.name.isdigit() and (p / "adapter_config.json").exists()
-    ]
-    scores = read_metric(paths.metrics, best_checkpoint_metric)
-    if keep_best and steps and not scores:
+    """Delete a run's checkpoints but those retention.py's rule keeps; `forget(step)` is
+    called for each deleted step (the router stops serving it). Returns them."""
+    config = RetentionConfig(
+        keep_last=keep_last,
+        keep_best=keep_best,
+        best_metric=best_checkpoint_metric,
+        best_mode=best_mode,
+        optimizer_keep_last=None,
+        requests_keep_last=None,
+        logs_keep_last=None,
+    )
+    if keep_best and not read_metric(paths.metrics, best_checkpoint_metric):
         logger.warning(
             "no %r in %s yet: keeping only the newest checkpoints (record it with "
             "model.log(groups, split=...) or name another metric)",
             best_checkpoint_metric,
             paths.metrics,
         )
-    keep = steps_to_keep(
-        steps, latest, keep_last=keep_last, keep_best=keep_best, scores=scores, mode=best_mode
-    )
-    deleted = sorted(s for s in steps if s not in keep)
-    for step in deleted:
+    pruned = apply_retention(paths, config, latest)
+    for step in pruned.checkpoints:
         forget(step)
-        _remove(paths.checkpoint(step))
-    if deleted:
-        logger.info("deleted checkpoints %s of %s (kept %s)", deleted, paths.dir, sorted(keep))
-    return deleted
+    return sorted(pruned.checkpoints)

@@ -301,7 +301,7 @@ class RemoteBackend:
         best_mode: Literal["max", "min"] = "max",
     ) -> list[int]:
         """The server's checkpoints of `model` but those evaluation.py keeps, deleted."""
-        from rlcoach.evaluation import metric_by_step, steps_to_keep
+        from rlcoach.retention import SCORED_EVENTS, metric_by_step, steps_to_keep
 
         listed = await self.checkpoints(model)
         records = (await self.metrics(model)).get("records", [])
@@ -310,7 +310,7 @@ class RemoteBackend:
             listed.latest,
             keep_last=keep_last,
             keep_best=keep_best,
-            scores=metric_by_step(records, best_checkpoint_metric),
+            scores=metric_by_step(records, best_checkpoint_metric, SCORED_EVENTS),
             mode=best_mode,
         )
         deleted = sorted(c.step for c in listed.checkpoints if c.step not in keep)

@@ -25,8 +25,9 @@ from rlcoach import (
     iterate_dataset,
 )
 from rlcoach.art_config import internal_config, train_options
-from rlcoach.evaluation import eval_record, read_metric, steps_to_keep
+from rlcoach.evaluation import eval_record
 from rlcoach.providers import provider_model
+from rlcoach.retention import read_metric, steps_to_keep
 from rlcoach.ruler import score_group
 
 
@@ -183,15 +184,21 @@ def test_eval_records_and_which_checkpoints_stay(tmp_path):
     assert record["event"] == "eval" and record["val/reward"] == 0.5
     assert record["val/acc"] == 1.0 and record["val/loss"] == 0.5 and record["train/x"] == 2.0
     metrics = tmp_path / "metrics.jsonl"
+    lines = [(1, "eval", 0.2), (2, "eval", 0.9), (2, "eval", 0.7), (3, "eval", 0.4)]
+    lines += [(0, "eval", 1.0), (4, "skipped", 5.0)]  # no checkpoint 0; a skip is no step
     metrics.write_text(
-        '{"step": 1, "val/reward": 0.2}\n{"step": 2, "val/reward": 0.9}\n'
-        '{"step": 2, "val/reward": 0.7}\ntorn line\n{"step": 3, "val/reward": 0.4}\n'
+        "".join(f'{{"step": {s}, "event": "{e}", "val/reward": {v}}}\n' for s, e, v in lines)
+        + "torn line\n"
     )
     scores = read_metric(metrics, "val/reward")
-    assert scores == {1: 0.2, 2: 0.8, 3: 0.4}
-    assert steps_to_keep([1, 2, 3, 4], 4, scores=scores) == {2, 4}
-    assert steps_to_keep([1, 2, 3, 4], 4, scores=scores, mode="min", keep_last=2) == {1, 3, 4}
-    assert steps_to_keep([1, 2, 3, 4], 4, keep_best=0) == {4}
+    assert scores == {0: 1.0, 1: 0.2, 2: 0.8, 3: 0.4}
+    assert steps_to_keep([1, 2, 3, 4], 4, keep_best=1, scores=scores) == {2, 4}
+    assert steps_to_keep([1, 2, 3, 4], 4, keep_best=1, scores=scores, mode="min", keep_last=2) == {
+        1,
+        3,
+        4,
+    }
+    assert steps_to_keep([1, 2, 3, 4], 4) == {4}
 
 
 async def test_a_judge_named_provider_slash_model(scripted, monkeypatch):
