@@ -10,10 +10,11 @@ the optimizer state beside it (off the publish path) and bumps the model's step.
 CPU, rollouts and training never overlap: `train` is only called between gathers, and
 the engine sits idle while the trainer runs.
 
-The trainer is `LoraTrainer` in this process, or, where the placement names several
-training GPUs (or `cpu_train_ranks` asks for CPU ranks), `DistributedTrainer`: torchrun
-ranks under FSDP2 (trainer/distributed.py) with the same methods, its workers' log under
-`<root>/logs/`. Ranks that died are replaced at the next step from the latest checkpoint.
+The trainer is a `Trainer` (trainer/base.py): `LoraTrainer` in this process, or, where
+the placement names several training GPUs (or `cpu_train_ranks` asks for CPU ranks),
+`DistributedTrainer`: torchrun ranks under FSDP2 (trainer/distributed.py), its workers'
+log under `<root>/logs/`. Ranks that died are replaced at the next step from the latest
+checkpoint.
 
 `Backend` is the protocol a `TrainableModel` needs from any backend; `RemoteBackend`
 (remote.py) implements it over HTTP against `rlcoach serve`, so user code switches
@@ -60,15 +61,13 @@ from rlcoach.sinks import (
     run_info,
 )
 from rlcoach.supervisor import EngineSupervisor, RestartableEngine
+from rlcoach.trainer.base import SFTStats, StepStats, Trainer
 from rlcoach.training_input import TrainingLimits, check_examples, check_groups, training_limits
 from rlcoach.types import ChatRecord, Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from rlcoach.model import TrainableModel
     from rlcoach.placement import Placement
-    from rlcoach.trainer.distributed import DistributedTrainer
-    from rlcoach.trainer.lora import LoraTrainer, StepStats
-    from rlcoach.trainer.sft import SFTStats
 
 __all__ = [
     "STEP_RECORD",
@@ -203,7 +202,7 @@ class LocalBackend:
         self.gateway: Gateway | None = None
         self.base_model: str | None = None
         self._model_path: Path | None = None
-        self._trainers: dict[str, LoraTrainer | DistributedTrainer] = {}
+        self._trainers: dict[str, Trainer] = {}
         self._tokenizer_cache: Any = None
         self._limits: TrainingLimits | None = None
         self._models: dict[str, TrainableModel] = {}
@@ -409,7 +408,7 @@ class LocalBackend:
             return len(resolved.train_gpus)
         return max(self.engine_config.placement.cpu_train_ranks, 1)
 
-    def _make_trainer(self, model: TrainableModel) -> LoraTrainer | DistributedTrainer:
+    def _make_trainer(self, model: TrainableModel) -> Trainer:
         assert self._model_path is not None
         ranks = self._train_ranks()
         if ranks == 1:
@@ -429,18 +428,18 @@ class LocalBackend:
             self._model_path, model.config, ranks=ranks, backend="nccl", env=env, log_file=log
         )
 
-    def _trainer(self, model: TrainableModel) -> LoraTrainer | DistributedTrainer:
+    def _trainer(self, model: TrainableModel) -> Trainer:
         """The model's trainer; at most `max_trainers` stay in memory (least recently used
         goes first: every step's checkpoint holds its adapter and optimizer state, so a
         trainer made again from it resumes exactly, as does one whose ranks died)."""
         trainer = self._trainers.pop(model.name, None)
-        if trainer is not None and getattr(trainer, "closed", False):
+        if trainer is not None and trainer.closed:
             logger.warning("the training ranks of %s are gone; starting new ones", model.name)
             trainer = None
         if trainer is None:
             while len(self._trainers) >= self.max_trainers:
                 evicted = next(iter(self._trainers))
-                _close_trainer(self._trainers.pop(evicted))
+                self._trainers.pop(evicted).close()
                 logger.info(
                     "released the trainer of %s (max_trainers=%d)", evicted, self.max_trainers
                 )
@@ -529,6 +528,7 @@ class LocalBackend:
         RL step, so SFT and RL can alternate on one model. The examples are written to
         `sft/<step>.jsonl` in the run folder before training starts.
         """
+        from rlcoach.trainer.lora import LoraTrainer
         from rlcoach.trainer.sft import sft_sequences, sft_train
 
         if self.gateway is None or model.name not in self._models:
@@ -554,6 +554,7 @@ class LocalBackend:
             "".join(item.model_dump_json() + "\n" for item in items),
         )
         trainer = await asyncio.to_thread(self._trainer, model)
+        assert isinstance(trainer, LoraTrainer)  # one training rank: checked above
         tokenizer = await asyncio.to_thread(self._tokenizer)
         sequences = await asyncio.to_thread(sft_sequences, items, tokenizer)
         stats = await asyncio.to_thread(
@@ -627,7 +628,7 @@ class LocalBackend:
     async def _publish_step(
         self,
         model: TrainableModel,
-        trainer: LoraTrainer | DistributedTrainer,
+        trainer: Trainer,
         stats: StepStats | SFTStats,
         record: dict[str, Any],
     ) -> StepResult:
@@ -674,7 +675,7 @@ class LocalBackend:
 
     @staticmethod
     def _save(
-        trainer: LoraTrainer | DistributedTrainer,
+        trainer: Trainer,
         paths: RunPaths,
         step: int,
         record: dict[str, Any],
@@ -697,7 +698,7 @@ class LocalBackend:
 
     async def close(self) -> None:
         for trainer in self._trainers.values():
-            await asyncio.to_thread(_close_trainer, trainer)
+            await asyncio.to_thread(trainer.close)
         self._trainers.clear()
         for sinks in self._sinks.values():
             await asyncio.to_thread(sinks.close)
@@ -710,10 +711,3 @@ class LocalBackend:
             self.gateway.stop()
         self.gateway = None
         self.engine = None
-
-
-def _close_trainer(trainer: Any) -> None:
-    """Stop a distributed trainer's ranks (a `LoraTrainer` holds nothing to stop)."""
-    close = getattr(trainer, "close", None)
-    if callable(close):
-        close()

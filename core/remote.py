@@ -24,6 +24,7 @@ import os
 import uuid
 import weakref
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -150,18 +151,19 @@ class RemoteBackend:
         model: TrainableModel,
         groups: list[TrajectoryGroup],
         config: TrainConfig | dict[str, Any] | None = None,
-        **fields: Any,
+        **options: Any,
     ) -> StepResult:
         """Upload the groups and wait for the step; retried with one request id.
 
-        `fields`: settings for this step as ART's `backend.train(model, groups,
+        `options`: settings for this step as ART's `backend.train(model, groups,
         learning_rate=...)` passes them (art_config.py), over `config` or the model's."""
         train_config = parse_config(TrainConfig, config) if config is not None else None
-        if fields:
+        if options:
             from rlcoach.art_config import train_options
 
             base = train_config or model.config
-            train_config = parse_config(TrainConfig, {**base.model_dump(), **train_options(fields)})
+            update = train_options(options)
+            train_config = parse_config(TrainConfig, {**base.model_dump(), **update})
         request = TrainRequest(
             request_id=uuid.uuid4().hex,
             model=_ref(model, model.config),
@@ -389,10 +391,9 @@ def _error(response: httpx.Response) -> Exception:
 
 def _step_result(wire: StepResultWire) -> StepResult:
     from rlcoach.backend import StepResult
-    from rlcoach.trainer.lora import StepStats
-    from rlcoach.trainer.sft import SFTStats
+    from rlcoach.trainer.base import SFTStats, StepStats
 
     kind = SFTStats if wire.kind == "sft" else StepStats
-    stats = kind(**{name: wire.stats[name] for name in kind.__slots__})
+    stats = kind(**{field.name: wire.stats[field.name] for field in fields(kind)})
     checkpoint = Path(wire.checkpoint) if wire.checkpoint else None  # relative to the server's root
     return StepResult(wire.step, stats, checkpoint, wire.publish_seconds, wire.save_seconds)

@@ -62,6 +62,15 @@ def fault_matrix():
 
 
 @pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A tiny random-weight Llama folder for trainer tests (tests/tiny_llama.py: vocabulary
+    256, no tokenizer), built once per session."""
+    from tiny_llama import save_tiny_llama
+
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
 def tokenizer(model_path):
     from transformers import AutoTokenizer
 

@@ -1,8 +1,8 @@
 """A LoRA trainer spread over several ranks: torchrun workers, FSDP2, one driver.
 
-`DistributedTrainer` lives in the backend's process and has the methods LocalBackend
-uses from `LoraTrainer` (`step`, `save_adapter`, `save_optimizer`, `save`, `load`,
-`close`). It starts the ranks once with the real launcher (`python -m
+`DistributedTrainer` lives in the backend's process and is a `Trainer` (base.py), as
+`LoraTrainer` is: `step`, `save_adapter`, `save_optimizer`, `save`, `load`, `close`,
+`closed`. It starts the ranks once with the real launcher (`python -m
 torch.distributed.run --standalone --nproc-per-node N -m rlcoach.trainer.ranks ...`; the
 ranks live in ranks.py), listens on a localhost socket that rank 0 connects to, and
 sends it one JSON line per command; rank 0 broadcasts each command to the other ranks
@@ -24,20 +24,22 @@ LoRA gradients), and AdamW's state (twice the adapter) is split N ways. Replicat
 would need `ignored_params` plus an all-reduce of our own per step for a saving of a
 few hundred kB of all-gather per layer; not measured, since sharding costs nothing extra.
 
-A step is `LoraTrainer.step` split by rows: the same sequences (`collect_sequences`) and
-mini-batches on every rank; each mini-batch's sequences are dealt to the ranks by token
-count (longest first, to the rank with the fewest tokens), and each rank packs its own
-rows. The loss normaliser is the whole mini-batch's, and FSDP sums the gradients (divide
-factor 1 and a plain SUM, which gloo has, instead of its default mean), so the reduced
-gradient is the single process's. FSDP hangs unless every rank runs as many forward and
-backward passes as the others: a rank with fewer rows runs padding rows (two tokens,
-nothing sampled: zero loss, zero gradient) up to the most any rank has. Stats are summed
-across ranks and mean what they mean in one process.
+A step is the single process's step (step.py's `grpo_step`, run by every rank) split by
+rows: the same sequences (`collect_sequences`) and mini-batches on every rank; each
+mini-batch's sequences are dealt to the ranks by token count (longest first, to the rank
+with the fewest tokens), and each rank packs its own rows. The loss normaliser is the
+whole mini-batch's, and FSDP sums the gradients (divide factor 1 and a plain SUM, which
+gloo has, instead of its default mean), so the reduced gradient is the single process's.
+FSDP hangs unless every rank runs as many forward and backward passes as the others: a
+rank with fewer rows runs padding rows (two tokens, nothing sampled: zero loss, zero
+gradient) up to the most any rank has. Stats are summed across ranks and mean what they
+mean in one process.
 
 Checkpoints are written once, by rank 0: the adapter gathered whole (`full_tensor`) in
 peft's own files and keys, and AdamW's state gathered whole in the single-process
 `optimizer.pt` format, so a checkpoint resumes on any number of ranks. `load` runs on
-every rank, each cutting its own shard from the full tensors.
+every rank (checkpoint.py's loader, the single process's), each cutting its own shard
+from the full tensors.
 
 Departures from the single-process trainer: on a GPU the layers are neither compiled nor
 LoRA-fused, and AdamW is not the fused kernel (none of them is tried with FSDP2 yet). SFT
@@ -67,17 +69,22 @@ from rlcoach.config import TrainConfig
 from rlcoach.errors import CheckpointError, ConfigError, TrainerError, TrainingDataError
 from rlcoach.paths import write_text_atomic
 from rlcoach.processes import parent_death_signal
-from rlcoach.trainer.lora import (
-    StepStats,
-)
+from rlcoach.trainer.base import StepStats
 from rlcoach.types import TrajectoryGroup
 
-__all__ = ["DistributedTrainer"]
+__all__ = ["RANK_MODULE", "DistributedTrainer"]
 
 logger = logging.getLogger(__name__)
 
 _ERROR_LINE = re.compile(r"(\[rank\d+\]: )?[\w.]*(Error|Exception)\b")
 """An exception's last line in the ranks' log (torchrun prefixes `[rank<n>]: `)."""
+
+RANK_MODULE = "rlcoach.trainer.ranks"
+"""The module torchrun runs in each rank (`-m`); its name in a process's command line is
+also how `_stop` recognises a leftover rank as one of ours before killing it."""
+
+_STOP_GRACE_S = 15.0
+"""Seconds torchrun gets to stop its ranks after SIGTERM before it is killed."""
 
 _PASSED_ON = {
     "TrainingDataError": TrainingDataError,
@@ -140,7 +147,7 @@ class DistributedTrainer:
             "--max-restarts",
             "0",
             "-m",
-            "rlcoach.trainer.ranks",
+            RANK_MODULE,
             "--model",
             str(model_path),
             "--config",
@@ -317,13 +324,13 @@ class DistributedTrainer:
         if self._process.poll() is None:
             self._process.send_signal(signal.SIGTERM)
             try:
-                self._process.wait(timeout=15)
+                self._process.wait(timeout=_STOP_GRACE_S)
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait()
         for pid in self.worker_pids:  # a rank torchrun could not stop (checked: still ours)
             try:
-                if b"rlcoach.trainer.ranks" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if RANK_MODULE.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
                     os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass

@@ -1,10 +1,8 @@
-"""The LoRA step: one optimizer step per batch of scored groups, on torch + peft.
+"""The single-process LoRA trainer: a causal LM with a peft adapter, on torch + peft.
 
-Flow of `LoraTrainer.step`: group advantages (zero-variance groups dropped and counted)
-→ exact-token sequences → packed rows of at most `micro_batch_tokens` → for each
-mini-batch, forward/backward every row (gradients accumulate), clip, one AdamW step.
-The loss of every row is divided by the normaliser of its whole mini-batch, so
-micro-batching changes nothing but memory. Log-probs are computed by projecting the
+`LoraTrainer.step` is the GRPO step of step.py (written once, also run by the torchrun
+ranks of ranks.py) over rows of at most `micro_batch_tokens`, all run by this process;
+`load` is the loader of checkpoint.py. Log-probs are computed by projecting the
 final hidden states onto the vocabulary `logprob_chunk_tokens` at a time under
 activation checkpointing, so no [tokens x vocab] tensor lives for the whole row.
 
@@ -26,9 +24,6 @@ model with the adapter disabled: no second copy.
 from __future__ import annotations
 
 import functools
-import logging
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,62 +32,29 @@ from torch.utils.checkpoint import checkpoint
 
 from rlcoach.config import TrainConfig
 from rlcoach.families import lora_targets
-from rlcoach.hardware import fast_bf16
+from rlcoach.hardware import autocast
 from rlcoach.trainer.attention import (
     SEGMENT_ATTENTION,
     register_segment_attention,
     segment_bounds,
 )
+from rlcoach.trainer.base import StepStats
+from rlcoach.trainer.checkpoint import load_checkpoint, save_optimizer_state
 from rlcoach.trainer.fusion import (
     compile_decoder_layers,
     compiled_target_logprob,
     fuse_lora_linears,
 )
-from rlcoach.trainer.objective import (
-    LossTerms,
-    group_advantages,
-    loss_normalizer,
-    policy_loss,
-)
-from rlcoach.trainer.sequences import PackedRow, TrainSequence, build_sequences, pack_sequences
+from rlcoach.trainer.sequences import PackedRow, TrainSequence, pack_sequences
+from rlcoach.trainer.step import grpo_step
 from rlcoach.types import TrajectoryGroup
 
 __all__ = [
     "LoraTrainer",
-    "StepStats",
     "build_lora_model",
     "build_optimizer",
     "chunked_token_logprobs",
-    "collect_sequences",
-    "row_loss_terms",
-    "untrained_stats",
 ]
-
-logger = logging.getLogger(__name__)
-
-OPTIMIZER_FILE = "optimizer.pt"
-
-
-@dataclass(frozen=True, slots=True)
-class StepStats:
-    """What one step did (plain numbers, ready for a metrics sink)."""
-
-    trained: bool
-    groups: int
-    groups_skipped_no_variance: int
-    trajectories: int
-    sequences: int
-    sampled_tokens: int
-    total_tokens: int
-    loss: float
-    grad_norm: float
-    clip_fraction: float
-    kl: float
-    mean_ratio: float
-    seconds: float
-
-    def as_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}
 
 
 def _project(lm_head: torch.nn.Module, h_CH: torch.Tensor, t_C: torch.Tensor) -> torch.Tensor:
@@ -216,63 +178,9 @@ def build_optimizer(model: Any, config: TrainConfig, fused: bool) -> torch.optim
     )
 
 
-def collect_sequences(
-    groups: list[TrajectoryGroup], config: TrainConfig
-) -> tuple[list[TrainSequence], int, int]:
-    """The training sequences of `groups`, the groups skipped for having no reward
-    variance, and the trajectories trained on."""
-    sequences: list[TrainSequence] = []
-    skipped = 0
-    trajectories = 0
-    for group in groups:
-        if not group.trajectories:
-            continue
-        rewards_G = torch.tensor(group.rewards, dtype=torch.float32)
-        advantages_G = group_advantages(rewards_G, config.scale_rewards)
-        # Sequences are built even for skipped groups: bad data fails loudly either way.
-        built = [
-            build_sequences(t, float(a))
-            for t, a in zip(group.trajectories, advantages_G, strict=True)
-        ]
-        if torch.all(advantages_G.abs() < 1e-8):
-            skipped += 1
-            continue
-        trajectories += len(group.trajectories)
-        sequences += [s for per_trajectory in built for s in per_trajectory]
-    return sequences, skipped, trajectories
-
-
-def untrained_stats(groups: int, skipped: int, started: float) -> StepStats:
-    """The stats of a step that trained nothing: no group had reward variance."""
-    return StepStats(
-        False, groups, skipped, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 1.0, time.perf_counter() - started
-    )
-
-
-def row_loss_terms(
-    trainer: Any, row: PackedRow, normalizer: float, config: TrainConfig
-) -> LossTerms:
-    """The policy loss of one packed row under `trainer.row_logprobs` (and its reference
-    pass when the KL term is on)."""
-    device = trainer.device
-    ref = trainer.row_logprobs(row, use_adapter=False) if config.kl_coef > 0 else None
-    new_T = trainer.row_logprobs(row)
-    return policy_loss(
-        new_T,
-        row.old_logprobs_T[1:].to(device),
-        row.advantages_T[1:].to(device),
-        row.sampled_mask_T[1:].to(device),
-        normalizer=normalizer,
-        kind=config.loss,
-        clip_low=config.clip_low,
-        clip_high=config.clip_high,
-        ref_logprobs_T=ref,
-        kl_coef=config.kl_coef,
-    )
-
-
 class LoraTrainer:
-    """A causal LM with a peft LoRA adapter and its optimizer."""
+    """A causal LM with a peft LoRA adapter and its optimizer, in this process (the
+    `Trainer` of base.py)."""
 
     def __init__(
         self, model_path: str | Path, config: TrainConfig, device: str | None = None
@@ -282,12 +190,7 @@ class LoraTrainer:
         self.device = torch.device(device or default)
         self.model = build_lora_model(model_path, config, self.device)
         self.optimizer = build_optimizer(self.model, config, fused=self.device.type == "cuda")
-
-    def _autocast(self) -> Any:
-        # Off where bf16 matmuls are slow (an AVX2-only CPU): see hardware.py.
-        return torch.autocast(
-            self.device.type, dtype=torch.bfloat16, enabled=fast_bf16(self.device)
-        )
+        self.closed = False
 
     def row_logprobs(self, row: PackedRow, use_adapter: bool = True) -> torch.Tensor:
         ids = row.input_ids_T[None].to(self.device)
@@ -299,57 +202,24 @@ class LoraTrainer:
             "compiled": self.config.compile_layers and gpu,
             "fused_logprob": self.config.fused_logprob and gpu,
         }
-        with self._autocast():
+        # bf16 autocast where bf16 is fast, plain fp32 elsewhere: see hardware.py.
+        with autocast(self.device):
             if use_adapter:
                 return chunked_token_logprobs(causal_lm, ids, positions, **options)
             with self.model.disable_adapter(), torch.no_grad():
                 return chunked_token_logprobs(causal_lm, ids, positions, **options)
 
+    # -- the step's hooks (step.py): one process runs every row, and sums are its own
+
+    def rows(self, part: list[TrainSequence], config: TrainConfig) -> list[PackedRow]:
+        return pack_sequences(part, config.micro_batch_tokens)
+
+    def sum_over_ranks(self, values: list[float]) -> list[float]:
+        return values
+
     def step(self, groups: list[TrajectoryGroup], config: TrainConfig | None = None) -> StepStats:
         """Train on `groups`; returns stats (`trained=False` when no group had variance)."""
-        c = config or self.config
-        for group in self.optimizer.param_groups:
-            group["lr"] = c.learning_rate
-        started = time.perf_counter()
-        sequences, skipped, trajectories = collect_sequences(groups, c)
-        if not sequences:
-            return untrained_stats(len(groups), skipped, started)
-        self.model.train()
-        mini_batches = [sequences[i :: c.mini_batches] for i in range(c.mini_batches)]
-        losses, norms = [], []
-        clipped = kl = ratio = 0.0
-        for part in (p for p in mini_batches if p):
-            normalizer = loss_normalizer(c.loss, [s.sampled_tokens for s in part])
-            self.optimizer.zero_grad(set_to_none=True)
-            part_loss = 0.0
-            for row in pack_sequences(part, c.micro_batch_tokens):
-                terms = row_loss_terms(self, row, normalizer, c)
-                terms.loss.backward()
-                part_loss += float(terms.loss.detach())
-                clipped += float(terms.clipped_tokens.detach())
-                kl += float(terms.kl_sum.detach())
-                ratio += float(terms.ratio_sum.detach())
-            params = [p for p in self.model.parameters() if p.requires_grad]
-            norms.append(float(torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm)))
-            self.optimizer.step()
-            losses.append(part_loss)
-        self.model.eval()
-        sampled = sum(s.sampled_tokens for s in sequences)
-        return StepStats(
-            trained=True,
-            groups=len(groups),
-            groups_skipped_no_variance=skipped,
-            trajectories=trajectories,
-            sequences=len(sequences),
-            sampled_tokens=sampled,
-            total_tokens=sum(len(s.token_ids) for s in sequences),
-            loss=sum(losses) / len(losses),
-            grad_norm=sum(norms) / len(norms),
-            clip_fraction=clipped / sampled,
-            kl=kl / sampled,
-            mean_ratio=ratio / sampled,
-            seconds=time.perf_counter() - started,
-        )
+        return grpo_step(self, groups, config or self.config)
 
     def save(self, folder: Path) -> None:
         """Write the peft adapter (loadable by vLLM and transformers) and optimizer state."""
@@ -362,22 +232,13 @@ class LoraTrainer:
 
     def save_optimizer(self, folder: Path) -> None:
         """Write AdamW's state (twice the adapter's size) atomically into `folder`."""
-        temp = folder / f".{OPTIMIZER_FILE}.tmp"
-        torch.save(self.optimizer.state_dict(), temp)
-        temp.replace(folder / OPTIMIZER_FILE)
+        save_optimizer_state(self.optimizer, Path(folder), write=True)
 
     def load(self, folder: Path) -> None:
-        """Resume adapter weights and optimizer state from a checkpoint folder."""
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
+        """Resume adapter weights and optimizer state from a checkpoint folder
+        (`CheckpointError` for one that is missing or does not fit)."""
+        load_checkpoint(Path(folder), self.model, self.optimizer)
 
-        weights = load_file(str(folder / "adapter_model.safetensors"), device=str(self.device))
-        result = set_peft_model_state_dict(self.model, weights)
-        unexpected = getattr(result, "unexpected_keys", [])
-        if unexpected:
-            raise ValueError(f"checkpoint {folder} does not fit this model: {unexpected[:3]}")
-        optimizer_file = folder / OPTIMIZER_FILE
-        if optimizer_file.exists():
-            self.optimizer.load_state_dict(torch.load(optimizer_file, map_location=self.device))
-        else:  # written after publishing: a crash in between leaves the adapter alone
-            logger.warning("checkpoint %s has no optimizer state; AdamW starts afresh", folder)
+    def close(self) -> None:
+        """Nothing runs beside this process; the model goes with the last reference."""
+        self.closed = True

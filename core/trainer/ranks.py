@@ -5,7 +5,9 @@ these per GPU or CPU rank with `python -m torch.distributed.run ... -m
 rlcoach.trainer.ranks`. Rank 0 talks to the driver over a localhost socket and
 broadcasts each command to the others; every rank holds an FSDP2-sharded copy of the
 LoRA model, runs its share of each step's rows (`split_by_tokens`) and joins the
-gathers that write a checkpoint once.
+gathers that write a checkpoint once. The step itself is step.py's `grpo_step`, the one
+the single-process trainer runs, with this module's two hooks (`_RankTrainer.rows`,
+`_RankTrainer.sum_over_ranks`); loading is checkpoint.py's `load_checkpoint`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import logging
 import os
 import select
 import socket
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,18 +26,12 @@ import torch
 
 from rlcoach.config import TrainConfig
 from rlcoach.errors import CheckpointError, ConfigError, TrainingDataError
-from rlcoach.trainer.lora import (
-    OPTIMIZER_FILE,
-    StepStats,
-    build_lora_model,
-    build_optimizer,
-    chunked_token_logprobs,
-    collect_sequences,
-    row_loss_terms,
-    untrained_stats,
-)
-from rlcoach.trainer.objective import loss_normalizer
+from rlcoach.hardware import autocast
+from rlcoach.trainer.base import StepStats
+from rlcoach.trainer.checkpoint import full_tensor, load_checkpoint, save_optimizer_state
+from rlcoach.trainer.lora import build_lora_model, build_optimizer, chunked_token_logprobs
 from rlcoach.trainer.sequences import PackedRow, TrainSequence, pack_sequences
+from rlcoach.trainer.step import grpo_step
 from rlcoach.types import TrajectoryGroup
 
 __all__ = ["TOKEN_VARIABLE", "main", "split_by_tokens"]
@@ -83,24 +78,6 @@ class _RowLogprobs(torch.nn.Module):
             return chunked_token_logprobs(causal_lm, ids_1T, positions_1T, self.chunk)
 
 
-def _full(value: torch.Tensor) -> torch.Tensor:
-    """The whole tensor on the CPU (a collective for a sharded DTensor: every rank calls)."""
-    from torch.distributed.tensor import DTensor
-
-    whole = value.full_tensor() if isinstance(value, DTensor) else value
-    return whole.detach().cpu()
-
-
-def _shard_like(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of `whole`, laid out as `like` (cut locally: no communication)."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    whole = whole.to(dtype=like.dtype, device=like.device)
-    if not isinstance(like, DTensor):
-        return whole
-    return distribute_tensor(whole, like.device_mesh, like.placements, src_data_rank=None)
-
-
 class _RankTrainer:
     """One rank's share of the model and optimizer, and its part of each command."""
 
@@ -127,15 +104,29 @@ class _RankTrainer:
         self.optimizer = build_optimizer(self.model, config, fused=False)
 
     def row_logprobs(self, row: PackedRow, use_adapter: bool = True) -> torch.Tensor:
-        from rlcoach.hardware import fast_bf16
-
         ids = row.input_ids_T[None].to(self.device)
         positions = row.position_ids_T[None].to(self.device)
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=fast_bf16(self.device)):
+        with autocast(self.device):  # as LoraTrainer: bf16 only where it is fast
             if use_adapter:
                 return self.root(ids, positions, True)
             with torch.no_grad():
                 return self.root(ids, positions, False)
+
+    # -- the step's hooks (step.py): this rank's share of the rows, sums over all ranks
+
+    def rows(self, part: list[TrainSequence], config: TrainConfig) -> list[PackedRow]:
+        """This rank's rows of mini-batch `part`, padded with zero-weight rows up to the
+        most any rank has (FSDP needs as many passes on every rank)."""
+        import torch.distributed as dist
+
+        share = split_by_tokens(part, self.world)[self.rank]
+        rows = pack_sequences(share, config.micro_batch_tokens)
+        most = int(self._reduce([len(rows)], dist.ReduceOp.MAX)[0])
+        padding = pack_sequences([_PADDING_SEQUENCE], config.micro_batch_tokens)
+        return rows + padding * (most - len(rows))
+
+    def sum_over_ranks(self, values: list[float]) -> list[float]:
+        return self._reduce(values)
 
     def _reduce(self, values: list[float], op: Any = None) -> list[float]:
         import torch.distributed as dist
@@ -144,73 +135,13 @@ class _RankTrainer:
         dist.all_reduce(tensor, op=op or dist.ReduceOp.SUM)
         return tensor.tolist()
 
-    def step(self, groups: list[TrajectoryGroup], c: TrainConfig) -> StepStats:
-        import torch.distributed as dist
-        from torch.distributed.tensor import DTensor
-
-        for group in self.optimizer.param_groups:
-            group["lr"] = c.learning_rate
-        started = time.perf_counter()
-        sequences, skipped, trajectories = collect_sequences(groups, c)
-        if not sequences:
-            return untrained_stats(len(groups), skipped, started)
-        self.root.train()
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        losses, norms = [], []
-        clipped = kl = ratio = 0.0
-        for part in (sequences[i :: c.mini_batches] for i in range(c.mini_batches)):
-            if not part:
-                continue
-            normalizer = loss_normalizer(c.loss, [s.sampled_tokens for s in part])
-            rows = pack_sequences(
-                split_by_tokens(part, self.world)[self.rank], c.micro_batch_tokens
-            )
-            most = int(self._reduce([len(rows)], dist.ReduceOp.MAX)[0])
-            rows += pack_sequences([_PADDING_SEQUENCE], c.micro_batch_tokens) * (most - len(rows))
-            self.optimizer.zero_grad(set_to_none=True)
-            sums = [0.0, 0.0, 0.0, 0.0]
-            for row in rows:
-                terms = row_loss_terms(self, row, normalizer, c)
-                terms.loss.backward()
-                for index, value in enumerate(
-                    (terms.loss, terms.clipped_tokens, terms.kl_sum, terms.ratio_sum)
-                ):
-                    sums[index] += float(value.detach())
-            norm = torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm)
-            norms.append(float(norm.full_tensor() if isinstance(norm, DTensor) else norm))
-            self.optimizer.step()
-            part_loss, part_clipped, part_kl, part_ratio = self._reduce(sums)
-            losses.append(part_loss)
-            clipped, kl, ratio = clipped + part_clipped, kl + part_kl, ratio + part_ratio
-        self.root.eval()
-        sampled = sum(s.sampled_tokens for s in sequences)
-        return StepStats(
-            trained=True,
-            groups=len(groups),
-            groups_skipped_no_variance=skipped,
-            trajectories=trajectories,
-            sequences=len(sequences),
-            sampled_tokens=sampled,
-            total_tokens=sum(len(s.token_ids) for s in sequences),
-            loss=sum(losses) / len(losses),
-            grad_norm=sum(norms) / len(norms),
-            clip_fraction=clipped / sampled,
-            kl=kl / sampled,
-            mean_ratio=ratio / sampled,
-            seconds=time.perf_counter() - started,
-        )
-
-    def _adapter_params(self) -> dict[str, torch.Tensor]:
-        """peft's checkpoint key -> this rank's parameter (adapter name dropped, as saved)."""
-        from peft import get_peft_model_state_dict
-
-        named = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
-        return get_peft_model_state_dict(self.model, state_dict=named)
+    def step(self, groups: list[TrajectoryGroup], config: TrainConfig) -> StepStats:
+        return grpo_step(self, groups, config)
 
     def save_adapter(self, folder: Path) -> None:
         import torch.distributed as dist
 
-        named = {n: _full(p) for n, p in self.model.named_parameters() if p.requires_grad}
+        named = {n: full_tensor(p) for n, p in self.model.named_parameters() if p.requires_grad}
         if self.rank == 0:
             self.model.save_pretrained(folder, state_dict=named)
         dist.barrier()
@@ -218,51 +149,11 @@ class _RankTrainer:
     def save_optimizer(self, folder: Path) -> None:
         import torch.distributed as dist
 
-        state = self.optimizer.state_dict()
-        whole = {
-            index: {key: _full(value) for key, value in per_param.items()}
-            for index, per_param in state["state"].items()
-        }
-        if self.rank == 0:
-            temp = folder / f".{OPTIMIZER_FILE}.tmp"
-            torch.save({"state": whole, "param_groups": state["param_groups"]}, temp)
-            temp.replace(folder / OPTIMIZER_FILE)
+        save_optimizer_state(self.optimizer, folder, write=self.rank == 0)
         dist.barrier()
 
     def load(self, folder: Path) -> None:
-        from safetensors.torch import load_file
-
-        adapter_file = folder / "adapter_model.safetensors"
-        if not adapter_file.is_file():
-            raise CheckpointError(
-                f"checkpoint {folder} has no adapter_model.safetensors; "
-                "fix: pass a folder written by save_adapter"
-            )
-        weights = load_file(str(adapter_file))
-        targets = self._adapter_params()
-        if set(weights) != set(targets):
-            odd = sorted(set(weights) ^ set(targets))
-            raise CheckpointError(
-                f"checkpoint {folder} does not fit this model: {odd[:3]}; fix: load a "
-                "checkpoint of the same base model and LoRA settings"
-            )
-        with torch.no_grad():
-            for key, param in targets.items():
-                param.copy_(_shard_like(weights[key], param))
-        optimizer_file = folder / OPTIMIZER_FILE
-        if not optimizer_file.exists():  # written after publishing (see backend.py)
-            logger.warning("checkpoint %s has no optimizer state; AdamW starts afresh", folder)
-            return
-        saved = torch.load(optimizer_file, map_location="cpu")
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        state = {
-            index: {
-                key: value if key == "step" else _shard_like(value, params[index])
-                for key, value in per_param.items()
-            }
-            for index, per_param in saved["state"].items()
-        }
-        self.optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
+        load_checkpoint(folder, self.model, self.optimizer)
 
     def run(self, command: Mapping[str, Any]) -> dict[str, Any]:
         name = command["cmd"]

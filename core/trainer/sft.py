@@ -30,7 +30,6 @@ import logging
 import random
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +38,7 @@ import torch
 from rlcoach.chat_template import template_messages
 from rlcoach.config import SFTConfig
 from rlcoach.errors import TrainingDataError
+from rlcoach.trainer.base import SFTStats
 from rlcoach.trainer.sequences import TrainSequence, build_sequences, pack_sequences
 from rlcoach.types import ChatRecord, Trajectory, TrajectoryGroup
 
@@ -48,29 +48,6 @@ if TYPE_CHECKING:
 __all__ = ["SFTStats", "chat_sequences", "load_sft_file", "sft_loss", "sft_sequences", "sft_train"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class SFTStats:
-    """What one SFT run did (plain numbers, ready for a metrics sink)."""
-
-    trained: bool
-    examples: int
-    sequences: int
-    optimizer_steps: int
-    trained_tokens: int
-    total_tokens: int
-    loss_first: float
-    """Mean NLL per trained token of the first optimizer step (before it updated)."""
-    loss_last: float
-    """The same for the last optimizer step."""
-    loss: float
-    """Mean over all optimizer steps."""
-    grad_norm: float
-    seconds: float
-
-    def as_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}
 
 
 def _render(
@@ -202,7 +179,17 @@ def sft_train(
     trainable = [s for s in sequences if s.sampled_tokens > 0]
     if not trainable:
         return SFTStats(
-            False, examples or 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, time.perf_counter() - started
+            trained=False,
+            examples=examples or 0,
+            sequences=0,
+            optimizer_steps=0,
+            trained_tokens=0,
+            total_tokens=0,
+            loss_first=0.0,
+            loss_last=0.0,
+            loss=0.0,
+            grad_norm=0.0,
+            seconds=time.perf_counter() - started,
         )
     batches = _batches(trainable, config)
     bar = None

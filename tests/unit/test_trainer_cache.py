@@ -14,14 +14,20 @@ from rlcoach.errors import ConfigError
 
 
 class StandIn:
+    """Records what the cache does with a trainer; `Trainer`'s other methods are unused."""
+
     made: ClassVar[list[int]] = []
 
     def __init__(self, model_path, config, device=None):
         self.loaded = None
+        self.closed = False
         StandIn.made.append(config.seed)
 
     def load(self, folder):
         self.loaded = folder
+
+    def close(self):
+        self.closed = True
 
 
 def test_least_recently_used_trainer_is_released_and_remade_from_its_checkpoint(
@@ -33,16 +39,18 @@ def test_least_recently_used_trainer_is_released_and_remade_from_its_checkpoint(
     backend._model_path = tmp_path
     models = [TrainableModel(f"m{i}", "p", config={"seed": i}) for i in range(3)]
     first = backend._trainer(models[0])
-    backend._trainer(models[1])
+    second = backend._trainer(models[1])
     assert backend._trainer(models[0]) is first  # used again: now the most recent
     backend._trainer(models[2])  # releases m1, the least recently used
-    assert list(backend._trainers) == ["m0", "m2"]
+    assert list(backend._trainers) == ["m0", "m2"] and second.closed and not first.closed
     checkpoint = backend.paths(models[1]).checkpoint(3)
     checkpoint.mkdir(parents=True)
     (checkpoint / "adapter_config.json").write_text("{}")
     remade = backend._trainer(models[1])
     assert remade.loaded == checkpoint and StandIn.made == [0, 1, 2, 1]
     assert list(backend._trainers) == ["m2", "m1"]
+    first.closed = True  # e.g. its ranks died: the next use makes a new one
+    assert backend._trainer(models[0]) is not first and StandIn.made == [0, 1, 2, 1, 0]
 
 
 def test_max_trainers_below_one_is_refused(tmp_path):
