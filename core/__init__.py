@@ -107,9 +107,6 @@ __all__ = [
 ]
 
 _ART_NAMES = {
-    "dev": "rlcoach takes ART's `_internal_config` and `_config` as plain dicts (keys as in "
-    "art.dev: `model._internal_config = dict(init_args=dict(max_seq_length=8192))`), or set "
-    "LocalBackend(engine=EngineConfig(...)) and TrainConfig(...) directly",
     "LocalAPI": "that is ART's old name; write LocalBackend()",
     "API": "write LocalBackend() (or RemoteBackend(url) for `rlcoach serve`)",
     "ServerlessBackend": "rlcoach has no hosted service; run `rlcoach serve` on a GPU machine "
@@ -128,6 +125,10 @@ _ART_NAMES = {
 
 
 def __getattr__(name: str) -> object:
+    if name == "dev":  # ART's `art.dev.InternalModelConfig(...)` and friends (dev.py)
+        import importlib
+
+        return importlib.import_module("rlcoach.dev")
     if name in _ART_NAMES:
         raise AttributeError(
             f"module 'rlcoach' has no attribute {name!r} (an OpenPipe ART name): {_ART_NAMES[name]}"

@@ -179,7 +179,7 @@ def _not_cached(ref: HubRef, cache: Path, offline: bool, reason: str = "") -> Co
 def resolve_base_model(base_model: str, revision: str | None = None) -> Path:
     """A local model folder for `base_model`: a shipped model's name, a folder with a
     `config.json`, or a Hugging Face hub id (`org/name`, `org/name@rev`) resolved to its
-    snapshot in the hub cache (hub.py)."""
+    snapshot in the hub cache (`resolve_hub_model`)."""
     if base_model in SHIPPED_MODELS and revision is None:
         return shipped_model_path(base_model)
     path = Path(base_model).expanduser()

@@ -3,7 +3,7 @@
 `Model` is anything behind an OpenAI-compatible URL (a judge, a baseline, a hosted API;
 its key is read from the environment variable you name, never stored; providers.py
 builds one from a `provider/model` string). `TrainableModel` is the policy: a name, a
-project, a base model (a shipped name, a folder or a hub id, hub.py) and a training
+project, a base model (a shipped name, a folder or a hub id, base_model.py) and a training
 config. Once registered with a backend it is served as `name@step` (and as `name`, its
 latest step); `openai_client()` points at the backend's policy endpoint, `rollout()`
 opens a recording scope, `train()` runs a step, `log()` records evaluation groups and

@@ -91,42 +91,22 @@ class HubCache:
 
 
 @pytest.fixture(scope="session")
-def hub_cache(tmp_path_factory, model_path) -> HubCache:
+def hub_cache(tmp_path_factory, tiny_model_path) -> HubCache:
     """A Hugging Face hub cache on disk, as `huggingface_hub` lays one out, holding
-    `rlcoach-test/tiny-llama`: a 2-layer random-weight Llama with the bundled model's
-    tokenizer and chat template. This machine cannot reach a hub, so the cache is built
-    here instead of downloaded; everything that reads it is the real code.
+    `rlcoach-test/tiny-llama`: the files of `tiny_model_path` (a random-weight Llama with
+    the bundled model's tokenizer and chat template). This machine cannot reach a hub, so
+    the cache is built here instead of downloaded; everything that reads it is the real
+    code.
 
     Layout: `hub/models--rlcoach-test--tiny-llama/blobs/<sha256>` holds each file's bytes,
     `snapshots/<commit>/<file>` are relative symlinks to them, `refs/main` holds the
     commit; a second ref, `refs/v1`, points at the same commit."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
     home = tmp_path_factory.mktemp("hf-home")
-    staging = home / "staging"
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    tokenizer.save_pretrained(staging)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(staging)
     hub = HubCache(home, "rlcoach-test/tiny-llama", "3f1c0de2b7a94e6c8d15a0b2c4e6f8a1b3d5c7e9")
     repo = home / "hub" / "models--rlcoach-test--tiny-llama"
     (repo / "blobs").mkdir(parents=True)
     hub.snapshot.mkdir(parents=True)
-    for file in sorted(staging.iterdir()):
+    for file in sorted(tiny_model_path.iterdir()):
         data = file.read_bytes()
         blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
         blob.write_bytes(data)

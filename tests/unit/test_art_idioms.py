@@ -13,6 +13,7 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel
 
+import rlcoach as art
 from rlcoach import (
     ConfigError,
     RolloutError,
@@ -156,6 +157,19 @@ def test_art_internal_config_and_train_options_map_onto_rlcoach_fields():
             "peft_args": {"r": 16, "lora_alpha": 32},
         },
     )
+    # The same, written with ART's `art.dev` types (dicts, as in ART).
+    as_art = TrainableModel(name="m", project="p")
+    as_art._internal_config = art.dev.InternalModelConfig(
+        init_args=art.dev.InitArgs(max_seq_length=8192, load_in_4bit=True),
+        engine_args=art.dev.EngineArgs(gpu_memory_utilization=0.8, enforce_eager=True),
+        peft_args=art.dev.PeftArgs(r=16, lora_alpha=32),
+    )
+    assert as_art.engine_overrides == model.engine_overrides
+    assert as_art.config == model.config
+    with pytest.raises(AttributeError, match=r"'TinkerArgs'.*fix: set rlcoach's configs"):
+        art.dev.TinkerArgs  # noqa: B018
+    with pytest.raises(AttributeError, match=r"'LocalAPI' \(an OpenPipe ART name\).*LocalBackend"):
+        art.LocalAPI  # noqa: B018
     assert model.engine_overrides == {
         "max_model_len": 8192,
         "gpu_memory_utilization": 0.8,
@@ -164,7 +178,8 @@ def test_art_internal_config_and_train_options_map_onto_rlcoach_fields():
     assert (model.config.lora.rank, model.config.lora.alpha) == (16, 32)
     with pytest.raises(ConfigError, match=r"'engine_args.swap_space'.*LocalBackend\(engine="):
         internal_config({"engine_args": {"swap_space": 4}})
-    assert train_options({"logprob_calculation_chunk_size": 8, "epsilon_high": 0.3}) == {
+    step_options = art.dev.TrainConfig(logprob_calculation_chunk_size=8, epsilon_high=0.3)
+    assert train_options(step_options) == {
         "logprob_chunk_tokens": 16,
         "clip_high": 0.3,
     }
