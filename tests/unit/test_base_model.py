@@ -5,6 +5,8 @@ out, because this machine cannot reach a hub. Resolution is the real `huggingfac
 code reading it offline.
 """
 
+from pathlib import Path
+
 import pytest
 
 from rlcoach import ConfigError, TrainableModel
@@ -73,3 +75,40 @@ def test_names_that_are_not_hub_ids():
         TrainableModel("m", "p", base_model="smollm2-135m-instruct", revision="v1")
     with pytest.raises(ConfigError, match=r"neither a shipped model.*nor a hub id"):
         resolve_base_model("no-such-model")
+
+
+def test_vllm_is_handed_the_snapshot_under_the_hub_id(offline, monkeypatch, tmp_path):
+    """The vLLM command is built, not run. A second revision, `base`, is laid out beside
+    `main` without a chat template (a base model), so the family's template is written
+    for vLLM beside its log, named for the id without a folder per organisation."""
+    import shutil
+
+    from rlcoach.config import EngineConfig
+    from rlcoach.engines.vllm import VLLMEngine
+
+    home = tmp_path / "hf-home"
+    shutil.copytree(offline.hf_home / "hub", home / "hub", symlinks=True)
+    monkeypatch.setenv("HF_HOME", str(home))
+    repo = home / "hub" / "models--rlcoach-test--tiny-llama"
+    base = repo / "snapshots" / ("b" * 40)
+    base.mkdir()
+    for link in (repo / "snapshots" / offline.commit).iterdir():
+        if link.name != "chat_template.jinja":
+            (base / link.name).symlink_to(link.readlink())
+    (repo / "refs" / "base").write_text("b" * 40)
+
+    for revision, snapshot in (("main", repo / "snapshots" / offline.commit), ("base", base)):
+        model_id = f"{offline.repo_id}@{revision}"
+        engine = VLLMEngine(
+            resolve_base_model(model_id),
+            served_base_name(model_id),
+            EngineConfig(),
+            tmp_path / "logs" / f"vllm-{revision}.log",
+        )
+        command = engine.command(engine.socket_path)
+        assert command[command.index("--model") + 1] == str(snapshot)
+        assert command[command.index("--served-model-name") + 1] == offline.repo_id
+        assert ("--chat-template" in command) == (revision == "base")
+    template = Path(command[command.index("--chat-template") + 1])
+    assert template == tmp_path / "logs" / "rlcoach-test--tiny-llama-chat-template.jinja"
+    assert "<|im_start|>" in template.read_text()
