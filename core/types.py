@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import time
 import traceback
 import uuid
 from collections.abc import Awaitable, Generator, Iterable
@@ -303,6 +304,18 @@ class Trajectory(BaseModel):
         """Keep a note with the trajectory (`logs`)."""
         self.logs.append(line)
 
+    def finish(self) -> Trajectory:
+        """Mark the rollout finished now (`finished_at`, unless already set) and return
+        the trajectory: ART's `trajectory.finish()`. A `model.rollout()` scope sets it."""
+        if self.finished_at is None:
+            self.finished_at = time.time()
+        return self
+
+    def track_duration(self, name: str) -> _Duration:
+        """`async with trajectory.track_duration("search"):` (or a plain `with`) adds the
+        seconds spent in the block to `metrics["search_duration"]`, as in ART."""
+        return _Duration(self.metrics, f"{name}_duration")
+
     def histories(self) -> list[History]:
         """The main history followed by the additional ones."""
         main = History(
@@ -321,6 +334,26 @@ class Trajectory(BaseModel):
 
     def sampled_token_count(self) -> int:
         return sum(len(c.token_ids) for h in self.histories() for c in h.choices)
+
+
+class _Duration:
+    """Adds the time spent inside a `with` / `async with` block to one metric."""
+
+    def __init__(self, metrics: dict[str, float], key: str) -> None:
+        self._metrics, self._key, self._started = metrics, key, 0.0
+
+    def __enter__(self) -> None:
+        self._started = time.monotonic()
+
+    def __exit__(self, *exc: object) -> None:
+        spent = time.monotonic() - self._started
+        self._metrics[self._key] = self._metrics.get(self._key, 0.0) + spent
+
+    async def __aenter__(self) -> None:
+        self.__enter__()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.__exit__(*exc)
 
 
 def failure_from_exception(error: BaseException) -> RolloutFailure:

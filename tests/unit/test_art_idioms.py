@@ -69,6 +69,18 @@ def test_messages_and_choices_build_a_trajectory_and_stay_live():
     assert again.messages() == t.messages() and again.client_choices == t.client_choices
 
 
+async def test_finish_and_track_duration_as_art_writes_them():
+    t = Trajectory(messages=[{"role": "user", "content": "hi"}])
+    async with t.track_duration("tool"):
+        await asyncio.sleep(0.02)
+    with t.track_duration("tool"):
+        pass
+    assert 0.02 <= t.metrics["tool_duration"] < 5
+    assert t.finish() is t and t.finished_at is not None
+    finished = t.finished_at
+    assert t.finish().finished_at == finished  # the first time stays
+
+
 def test_vllm_token_strings_give_token_ids():
     content = [
         {"token": "token_id:42", "logprob": -0.5, "bytes": None, "top_logprobs": []},
