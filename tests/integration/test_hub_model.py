@@ -97,9 +97,6 @@ async def test_a_hub_model_trains_with_art_idioms(hub_cache, monkeypatch, tmp_pa
         assert evals[0]["val/reward"] == 0.5 and evals[0]["val/rollouts"] == 4
         assert evals[0]["val/note"] == 1.0 and evals[0]["split"] == "val"
         assert (run / "trajectories" / "val" / "000001.jsonl").is_file()
-        logged_val = [g for _, gs in sink.trajectories for g in gs if g.metadata.get("split")]
-        assert len(logged_val) == 2 and logged_val[0].metadata["split"] == "val"
-        assert [m["event"] for _, m in sink.metrics] == ["eval", "train", "eval", "train"]
         assert "Evaluations" in write_report(run).read_text()
 
         # Step 1 evaluated like step 0 (both 0.5): the best is the first, step 1 (step 0
@@ -114,3 +111,8 @@ async def test_a_hub_model_trains_with_art_idioms(hub_cache, monkeypatch, tmp_pa
         )
         assert answer.choices[0].message is not None
     assert backend.gateway is None  # the plain `with` closed the engine
+    # Plug-in sinks run on threads of their own; closing the backend drained them.
+    logged_val = [g for _, gs in sink.trajectories for g in gs if g.metadata.get("split")]
+    assert len(logged_val) == 2 and logged_val[0].metadata["split"] == "val"
+    events = [m["event"] for _, m in sink.metrics]
+    assert events == ["eval", "train", "eval", "train", "train"]
