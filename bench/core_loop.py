@@ -34,12 +34,19 @@ BODY = {
 }
 
 
-async def _load(url: str, model: str, requests: int, concurrency: int, force: bool) -> float:
+async def _load(
+    url: str, model: str, requests: int, concurrency: int, force: bool, key: str = ""
+) -> float:
     body = {**BODY, "model": model}
     if force:  # what the gateway adds, so the direct run does the same work
         body.update(logprobs=True, return_token_ids=True)
     semaphore = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=600) as http:
+    # The engine listens on a Unix socket and wants its key (engines/process.py).
+    options: dict = {"headers": {"Authorization": f"Bearer {key}"}} if key else {}
+    if url.startswith("unix:"):
+        options["transport"] = httpx.AsyncHTTPTransport(uds=url.removeprefix("unix:"))
+        url = "http://engine"
+    async with httpx.AsyncClient(base_url=url, timeout=600, **options) as http:
 
         async def one() -> None:
             async with semaphore:
@@ -55,10 +62,11 @@ async def bench_gateway(
     backend: LocalBackend, model: TrainableModel, requests: int, concurrency: int, rounds: int
 ) -> None:
     engine = backend.engine
-    await _load(engine.url, engine.base_name, concurrency, concurrency, True)  # warm-up
+    key = engine._key
+    await _load(engine.url, engine.base_name, concurrency, concurrency, True, key)  # warm-up
     direct, gateway = [], []
     for _ in range(rounds):
-        direct.append(await _load(engine.url, engine.base_name, requests, concurrency, True))
+        direct.append(await _load(engine.url, engine.base_name, requests, concurrency, True, key))
         gateway.append(await _load(backend.url, model.served_name, requests, concurrency, False))
     tokens = requests * BODY["max_tokens"]
     d, g = statistics.median(direct), statistics.median(gateway)

@@ -7,8 +7,10 @@ A tiny random-weight Llama (the bundled tokenizer and chat template) is served b
 (`--engine transformers-process`). The client is plain user code: rollouts through
 `model.openai_client()` (retried while the server is down), `model.train(groups)` on a
 `RemoteBackend`, which retries one request id until the server answers. Meanwhile:
-- `serve` is killed -9 at random points of the first steps (during rollouts, uploads,
-  training or publishing) and started again on the same root and port;
+- `serve` is killed -9 at random points of the first steps and started again on the same
+  root and port: half of the kills at a random time (during rollouts, uploads, training
+  or publishing), half at a random failpoint of the step (core/failpoints.py: after the
+  optimizer step, after the checkpoint's rename, after the publish, after the commit);
 - the engine is killed -9 at random points of all the steps (the supervisor restarts it).
 `serve` is never killed after the first `--serve-kill-steps`, so the process that serves
 step 10 serves to the end, and its memory can be compared.
@@ -37,6 +39,8 @@ import time
 from pathlib import Path
 
 from served import ServeProcess  # bench/served.py
+
+from rlcoach.failpoints import FOLDER_VARIABLE, POINTS, arm
 
 KEY = "soak-" + os.urandom(8).hex()
 START = "<!-- soak:start (written by bench/soak_serve.py --doc) -->"
@@ -99,6 +103,10 @@ async def rollout_group(model, size: int, rng: random.Random, counters: dict) ->
             except Exception:
                 counters["chat_retries"] += 1
                 await asyncio.sleep(0.5)
+                # A restarted server knows a model again only once the client registers
+                # it (or trains it): until then its chats answer 404 model_not_found.
+                with contextlib.suppress(Exception):
+                    await model.register(model.backend)
         trajectories.append(rollout.trajectory)
     return TrajectoryGroup(trajectories)
 
@@ -108,12 +116,13 @@ async def soak(args: argparse.Namespace) -> dict:
 
     work = Path(tempfile.mkdtemp(prefix="rlcoach-soak-"))
     model_dir = build_tiny_model(work / "tiny-model")
+    failpoints = work / "failpoints"
     serve = ServeProcess(
         work / "root",
         "transformers-process",
         *("--base-model", str(model_dir), "--max-model-len", "512"),
         key=KEY,
-        env={"OMP_NUM_THREADS": "1"},
+        env={"OMP_NUM_THREADS": "1", FOLDER_VARIABLE: str(failpoints)},
     )
     serve.start()
     rng = random.Random(args.seed)
@@ -128,13 +137,24 @@ async def soak(args: argparse.Namespace) -> dict:
         except Exception:
             await asyncio.sleep(0.5)
     uploaded: list[list[str]] = []  # trajectory ids per train call, in order
-    rss_after_10 = 0.0
+    rss_after_10 = rss_after_30 = 0.0
     pid_at_10 = 0
     restarting: asyncio.Task | None = None
     started = time.monotonic()
 
     async def kill_later(step: int, what: str, delay: float) -> None:
         nonlocal restarting
+        if what.startswith("serve at "):  # a failpoint: serve kills itself there
+            point = what.removeprefix("serve at ")
+            arm(failpoints, point, "kill")
+            process = serve.process
+            assert process is not None
+            await asyncio.to_thread(process.wait, 600)
+            counters["serve_kills"] += 1
+            kills.append(f"step {step}: serve at {point}")
+            await asyncio.sleep(rng.uniform(0.0, 2.0))
+            await asyncio.to_thread(serve.start)
+            return
         await asyncio.sleep(delay)
         if what == "serve":
             if serve.process is None or serve.process.poll() is not None:
@@ -159,7 +179,8 @@ async def soak(args: argparse.Namespace) -> dict:
     for step in range(1, args.steps + 1):
         chaos = []
         if step in serve_steps:
-            chaos.append(asyncio.create_task(kill_later(step, "serve", rng.uniform(0.0, 3.0))))
+            what = "serve" if rng.random() < 0.5 else "serve at " + rng.choice(POINTS[:4])
+            chaos.append(asyncio.create_task(kill_later(step, what, rng.uniform(0.0, 3.0))))
         if step in engine_steps:
             chaos.append(asyncio.create_task(kill_later(step, "engine", rng.uniform(0.0, 3.0))))
         groups = [await rollout_group(model, args.group_size, rng, counters) for _ in range(2)]
@@ -171,6 +192,8 @@ async def soak(args: argparse.Namespace) -> dict:
         if step == 10:
             rss_after_10 = rss_mib(serve.process.pid)
             pid_at_10 = serve.process.pid
+        if step == 30:
+            rss_after_30 = rss_mib(serve.process.pid)
         if step % 10 == 0:
             print(
                 f"step {step}: {time.monotonic() - started:.0f} s, serve RSS "
@@ -195,6 +218,7 @@ async def soak(args: argparse.Namespace) -> dict:
         steps=args.steps,
         wall_s=round(time.monotonic() - started),
         serve_rss_after_step_10_mib=round(rss_after_10, 1),
+        serve_rss_after_step_30_mib=round(rss_after_30, 1),
         serve_rss_end_mib=round(rss_end, 1),
         serve_rss_growth=round(rss_end / rss_after_10 - 1, 4) if rss_after_10 else None,
         engine_rss_end_mib=round(engine_rss, 1),
@@ -275,7 +299,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=110)
     parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--serve-kills", type=int, default=5)
+    parser.add_argument("--serve-kills", type=int, default=6)
     parser.add_argument("--serve-kill-steps", type=int, default=9)
     parser.add_argument("--engine-kills", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)

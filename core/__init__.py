@@ -31,7 +31,8 @@ from rlcoach.gather import (
     gather_trajectory_groups,
     retry,
 )
-from rlcoach.model import Model, TrainableModel
+from rlcoach.model import Model, PendingStep, TrainableModel
+from rlcoach.pipeline import PipelineStep, run_pipeline
 from rlcoach.remote import RemoteBackend
 from rlcoach.rollout import Rollout, current_rollout_id
 from rlcoach.sinks import Sink, SinkConfig
@@ -74,6 +75,8 @@ __all__ = [
     "MessagesAndChoices",
     "Model",
     "ModelUsage",
+    "PendingStep",
+    "PipelineStep",
     "RLCoachError",
     "RemoteBackend",
     "RemoteError",
@@ -102,6 +105,7 @@ __all__ = [
     "iterate_dataset",
     "load_groups",
     "retry",
+    "run_pipeline",
     "save_groups",
     "tool_message",
 ]

@@ -65,7 +65,8 @@ _NO_EFFECT = {
     "_decouple_vllm_and_unsloth",
 }
 """ART knobs of Unsloth and vLLM sleep mode: rlcoach trains the LoRA over full-precision
-base weights and starts vLLM itself, so these change nothing here."""
+base weights and starts vLLM itself, so these change nothing here (rlcoach's own sleep
+mode is `EngineConfig(colocation="sleep")`, chosen on the backend, colocation.py)."""
 
 _STEP = {
     "logprob_calculation_chunk_size": "logprob_chunk_tokens",

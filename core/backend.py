@@ -6,9 +6,14 @@ from its latest complete checkpoint. `train(model, groups)` saves the groups bes
 checkpoints first (so a crash mid-step loses no trajectory), runs one LoRA step in a
 worker thread, writes the adapter to a temp folder renamed to
 `<root>/<project>/<model>/checkpoints/<step>/`, publishes it to the engine, then writes
-the optimizer state beside it (off the publish path) and bumps the model's step. On a
-CPU, rollouts and training never overlap: `train` is only called between gathers, and
-the engine sits idle while the trainer runs.
+the optimizer state beside it (off the publish path) and bumps the model's step.
+Before training, samples staler than `TrainConfig.max_staleness` policy versions are
+dropped and counted (staleness.py). Rollouts may run while a step trains (the async
+pipeline, pipeline.py; the default where `can_overlap`, on GPUs); on a CPU the loop
+stays synchronous. With `EngineConfig(colocation="sleep")` the engine sleeps while the
+trainer runs (colocation.py). A step that raises keeps its batch on disk, is recorded as
+`failed`, and makes the next step rebuild the trainer from the latest checkpoint. On a
+GPU, registration first checks that the engine and the trainer fit (memory.py).
 
 The trainer is a `Trainer` (trainer/base.py): `LoraTrainer` in this process, or, where
 the placement names several training GPUs (or `cpu_train_ranks` asks for CPU ranks),
@@ -31,25 +36,37 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import ctypes
 import gc
 import json
 import logging
 import os
 import shutil
+import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from rlcoach.base_model import resolve_base_model, served_base_name
 from rlcoach.bundled import BUNDLED_MODEL
+from rlcoach.colocation import check_sleep_mode, release_gpu_cache, sleep_engine, wake_engine
 from rlcoach.config import EngineConfig, SFTConfig, TrainConfig, parse_config
 from rlcoach.engines.base import Engine
-from rlcoach.errors import CheckpointError, ConfigError
+from rlcoach.errors import CheckpointError, ConfigError, RLCoachError, TrainerError
+from rlcoach.failpoints import failpoint
 from rlcoach.families import fallback_chat_template
 from rlcoach.gateway import Gateway, Recorder
-from rlcoach.paths import DEFAULT_ROOT, RunPaths, write_text_atomic
+from rlcoach.paths import (
+    DEFAULT_ROOT,
+    UNCOMMITTED,
+    RunPaths,
+    fsync_dir,
+    fsync_tree,
+    write_text_atomic,
+)
 from rlcoach.router import Router
 from rlcoach.sinks import (
     Sink,
@@ -60,8 +77,10 @@ from rlcoach.sinks import (
     rollout_metrics,
     run_info,
 )
+from rlcoach.staleness import Staleness, drop_stale
 from rlcoach.supervisor import EngineSupervisor, RestartableEngine
 from rlcoach.trainer.base import SFTStats, StepStats, Trainer
+from rlcoach.trainer.pool import TrainerPool
 from rlcoach.training_input import TrainingLimits, check_examples, check_groups, training_limits
 from rlcoach.types import ChatRecord, Trajectory, TrajectoryGroup
 
@@ -93,6 +112,11 @@ class StepResult:
     checkpoint: Path | None
     publish_seconds: float
     save_seconds: float
+    staleness: Staleness | None = None
+    """What the staleness bound dropped (staleness.py); None for SFT."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """Phases of the step beside training, in seconds: `sleep_seconds` and
+    `wake_seconds` of a sleeping engine (colocation.py)."""
     rendering: dict[str, float] = field(default_factory=dict)
     """Client-built trajectories rendered for this step (trainer/render.py): how many,
     tokens re-tokenized, tokens without sampler log-probs."""
@@ -102,6 +126,8 @@ class StepResult:
             "step": self.step,
             "publish_seconds": self.publish_seconds,
             "save_seconds": self.save_seconds,
+            **self.timings,
+            **(self.staleness.as_dict() if self.staleness is not None else {}),
             **self.stats.as_dict(),
             **self.rendering,
         }
@@ -171,6 +197,7 @@ class LocalBackend:
         engine: EngineConfig | dict[str, Any] | None = None,
         sinks: SinkConfig | dict[str, Any] | list[str | Sink] | None = None,
         max_trainers: int = 2,
+        step_wait_timeout_s: float = 3600.0,
         *,
         path: str | os.PathLike[str] | None = None,
         in_process: bool | None = None,
@@ -178,6 +205,8 @@ class LocalBackend:
         """`sinks`: plug-in sinks by name (`["wandb"]`), `Sink` objects, or a `SinkConfig`
         (dict form accepted); Langfuse turns on by itself when its keys are set.
         `max_trainers`: trainers kept in memory (each holds a copy of the base model).
+        `step_wait_timeout_s`: the longest a step waits for its model's previous step or
+        for a trainer slot (then a retryable `TrainerError`).
         `path` is ART's name for `root`; `in_process` is accepted for ART's sake (the
         trainer always runs in this process, vLLM always in its own)."""
         if path is not None:
@@ -202,7 +231,9 @@ class LocalBackend:
         self.gateway: Gateway | None = None
         self.base_model: str | None = None
         self._model_path: Path | None = None
-        self._trainers: dict[str, Trainer] = {}
+        self.step_wait_timeout_s = step_wait_timeout_s
+        self._pool = TrainerPool(max_trainers, wait_timeout_s=step_wait_timeout_s)
+        self._step_locks: dict[str, asyncio.Lock] = {}
         self._tokenizer_cache: Any = None
         self._limits: TrainingLimits | None = None
         self._models: dict[str, TrainableModel] = {}
@@ -239,9 +270,50 @@ class LocalBackend:
     async def start(self, base_model: str = BUNDLED_MODEL) -> None:
         """Start the engine and the gateway now (`register` does it on first use)."""
         if self.gateway is None:
-            await self._start(base_model)
+            await self._start(base_model, TrainConfig())
 
-    async def _start(self, base_model: str, engine_overrides: dict[str, Any] | None = None) -> None:
+    @property
+    def can_overlap(self) -> bool:
+        """Whether rollouts can run while a step trains without slowing each other down:
+        on GPUs with the engine resident (not on a CPU, whose cores both would share, nor
+        with a sleeping engine). The async pipeline's default (pipeline.py)."""
+        return self._placement() is not None and self.engine_config.colocation != "sleep"
+
+    def _make_engine(self, model_path: Path, base_name: str) -> Engine:
+        """The engine `EngineConfig.kind` names (the one seam tests put a stand-in into)."""
+        c = self.engine_config
+        if c.kind == "vllm":
+            from rlcoach.engines.vllm import VLLMEngine
+
+            log = self.root / "logs" / f"vllm-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+            return VLLMEngine(model_path, base_name, c, log)
+        if c.kind == "transformers-process":
+            from rlcoach.engines.transformers_process import TransformersProcessEngine
+
+            log = self.root / "logs" / f"engine-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+            return TransformersProcessEngine(model_path, base_name, c, log)
+        from rlcoach.engines.transformers import TransformersEngine
+
+        template = (
+            c.chat_template.read_text() if c.chat_template else fallback_chat_template(model_path)
+        )
+        return TransformersEngine(
+            model_path,
+            base_name,
+            chat_template=template,
+            max_model_len=c.max_model_len,
+            dtype=c.dtype,
+        )
+
+    async def _start(
+        self,
+        base_model: str,
+        train_config: TrainConfig,
+        engine_overrides: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Start the engine for `base_model`: `train_config` sizes the GPU memory check,
+        `engine_overrides` (a model's `EngineConfig` fields, from ART's `_internal_config`)
+        are applied to this backend's engine config first."""
         self._model_path = await asyncio.to_thread(resolve_base_model, base_model)
         if engine_overrides:
             fields = {**self.engine_config.model_dump(), **engine_overrides}
@@ -252,32 +324,16 @@ class LocalBackend:
             self.engine_config = parse_config(EngineConfig, fields)
         c = self.engine_config
         base_name = served_base_name(base_model)
-        engine: Engine
-        if c.kind == "vllm":
-            from rlcoach.engines.vllm import VLLMEngine
+        engine = self._make_engine(self._model_path, base_name)
+        placement = getattr(engine, "placement", None)
+        resolved = placement() if callable(placement) else None
+        if resolved is not None:
+            from rlcoach.memory import check_gpu_memory
 
-            log = self.root / "logs" / f"vllm-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-            engine = VLLMEngine(self._model_path, base_name, c, log)
-        elif c.kind == "transformers-process":
-            from rlcoach.engines.transformers_process import TransformersProcessEngine
-
-            log = self.root / "logs" / f"engine-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-            engine = TransformersProcessEngine(self._model_path, base_name, c, log)
-        else:
-            from rlcoach.engines.transformers import TransformersEngine
-
-            template = (
-                c.chat_template.read_text()
-                if c.chat_template
-                else fallback_chat_template(self._model_path)
-            )
-            engine = TransformersEngine(
-                self._model_path,
-                base_name,
-                chat_template=template,
-                max_model_len=c.max_model_len,
-                dtype=c.dtype,
-            )
+            await asyncio.to_thread(check_gpu_memory, self._model_path, c, train_config, resolved)
+        if c.colocation == "sleep":
+            gpus = (resolved.serve_gpus, resolved.train_gpus) if resolved else ((), ())
+            check_sleep_mode(engine, *gpus)
         recorder = Recorder(c.max_recorded_rollouts, ttl_s=c.recording_ttl_s)
         router = Router(engine, c.max_loras, wait_timeout_s=c.adapter_wait_timeout_s)
         gateway = Gateway(engine, router, c.host, c.port, recorder=recorder)
@@ -295,7 +351,7 @@ class LocalBackend:
 
     async def register(self, model: TrainableModel) -> None:
         if self.gateway is None:
-            await self._start(model.base_model, model.engine_overrides)
+            await self._start(model.base_model, model.config, model.engine_overrides)
         elif model.engine_overrides:
             logger.warning(
                 "model %s asks for engine settings %s, but the engine already runs; they "
@@ -311,16 +367,12 @@ class LocalBackend:
         assert self.gateway is not None
         paths = self.paths(model)
         self._check_lora_rank(model, paths)
-        for removed in paths.remove_partial_checkpoints():
-            logger.warning("removed a partial checkpoint left by a crash: %s", removed)
+        step_lock = self._step_locks.get(model.name)
+        if step_lock is None or not step_lock.locked():  # else its step owns that folder
+            for removed in await asyncio.to_thread(paths.remove_partial_checkpoints):
+                logger.warning("removed a partial checkpoint left by a crash: %s", removed)
         latest = paths.latest_checkpoint()
-        steps = {}
-        if paths.checkpoints.is_dir():
-            steps = {
-                int(p.name): p
-                for p in paths.checkpoints.iterdir()
-                if p.name.isdigit() and (p / "adapter_config.json").exists()
-            }
+        steps = paths.complete_checkpoints()
         model.step = latest[0] if latest else 0
         self.gateway.router.register(model.name, 0, steps)
         if latest is not None:
@@ -428,28 +480,65 @@ class LocalBackend:
             self._model_path, model.config, ranks=ranks, backend="nccl", env=env, log_file=log
         )
 
-    def _trainer(self, model: TrainableModel) -> Trainer:
-        """The model's trainer; at most `max_trainers` stay in memory (least recently used
-        goes first: every step's checkpoint holds its adapter and optimizer state, so a
-        trainer made again from it resumes exactly, as does one whose ranks died)."""
-        trainer = self._trainers.pop(model.name, None)
-        if trainer is not None and trainer.closed:
-            logger.warning("the training ranks of %s are gone; starting new ones", model.name)
-            trainer = None
-        if trainer is None:
-            while len(self._trainers) >= self.max_trainers:
-                evicted = next(iter(self._trainers))
-                self._trainers.pop(evicted).close()
-                logger.info(
-                    "released the trainer of %s (max_trainers=%d)", evicted, self.max_trainers
-                )
-            gc.collect()
-            trainer = self._make_trainer(model)
-            latest = self.paths(model).latest_checkpoint()
-            if latest is not None:
+    def _load_trainer(self, model: TrainableModel) -> Trainer:
+        """A new trainer for `model`, resumed from its latest complete checkpoint (which
+        holds its adapter and optimizer state, so it resumes exactly)."""
+        gc.collect()
+        trainer = self._make_trainer(model)
+        latest = self.paths(model).latest_checkpoint()
+        if latest is not None:
+            try:
                 trainer.load(latest[1])
-        self._trainers[model.name] = trainer  # (re)inserted last: the most recently used
+            except BaseException:
+                trainer.close()
+                raise
         return trainer
+
+    @contextlib.asynccontextmanager
+    async def _leased_trainer(self, model: TrainableModel) -> AsyncIterator[_Lease]:
+        """`model`'s trainer for one step (trainer/pool.py: at most `max_trainers` in
+        memory, one in use never closed for another model). Unless the step marks the
+        lease `kept`, the trainer is dropped at the end: a step that failed or was
+        cancelled past its optimizer step left it ahead of the latest checkpoint, and the
+        next step makes a new one from that checkpoint."""
+        trainer = await asyncio.to_thread(
+            self._pool.acquire, model.name, lambda: self._load_trainer(model)
+        )
+        lease = _Lease(trainer)
+        try:
+            yield lease
+        finally:
+            await asyncio.to_thread(self._pool.release, model.name, trainer, discard=not lease.kept)
+            await asyncio.to_thread(_return_freed_memory)
+
+    @contextlib.asynccontextmanager
+    async def _step_lock(self, model: TrainableModel) -> AsyncIterator[None]:
+        """One step at a time per model (waiting at most `step_wait_timeout_s`)."""
+        lock = self._step_locks.setdefault(model.name, asyncio.Lock())
+        try:
+            await asyncio.wait_for(lock.acquire(), self.step_wait_timeout_s)
+        except TimeoutError as e:
+            raise TrainerError(
+                f"another step of {model.name!r} held its trainer for more than "
+                f"{self.step_wait_timeout_s:.0f} s (LocalBackend(step_wait_timeout_s=...)); "
+                "fix: retry once it finishes"
+            ) from e
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def _trainer(self, model: TrainableModel) -> Trainer:
+        """The model's trainer, made (or remade) as a step would (for tests and benches;
+        steps lease it with `_leased_trainer`)."""
+        trainer = self._pool.acquire(model.name, lambda: self._load_trainer(model))
+        self._pool.release(model.name, trainer)
+        return trainer
+
+    @property
+    def _trainers(self) -> dict[str, Trainer]:
+        """The trainers in memory by model name, least recently used first."""
+        return {name: t for name in self._pool.names() if (t := self._pool.peek(name))}
 
     async def train(
         self,
@@ -476,31 +565,131 @@ class LocalBackend:
 
             update = train_options(fields)
             train_config = parse_config(TrainConfig, {**train_config.model_dump(), **update})
+        async with self._step_lock(model):
+            return await self._train_step(model, groups, train_config, request_id)
+
+    async def _train_step(
+        self,
+        model: TrainableModel,
+        groups: list[TrajectoryGroup],
+        train_config: TrainConfig,
+        request_id: str | None,
+    ) -> StepResult:
+        """`train` under the model's step lock: the step is wholly made latest (its
+        checkpoint committed, `_publish_step`) or wholly rolled back (nothing of it on
+        disk or served, the trainer made again from the latest checkpoint)."""
         started = time.perf_counter()
         sinks = self.sinks(model)
         next_step = model.step + 1
         # Rendering checks client-built trajectories first: a refused one leaves no trace.
+        # Rendered replies have no policy version, so the staleness bound keeps them.
         exact, rendering = await asyncio.to_thread(self._render, groups)
         sinks.log_trajectories(next_step, groups)
-        trainer = await asyncio.to_thread(self._trainer, model)
-        stats = await asyncio.to_thread(trainer.step, exact, train_config)
-        if not stats.trained:
-            skip = await asyncio.to_thread(sinks.mark_skipped, next_step)
+        fresh, staleness = drop_stale(exact, model.name, model.step, train_config.max_staleness)
+        if staleness.stale_dropped:
             logger.warning(
-                "step %d, attempt skipped %d: no group had reward variance; nothing trained "
-                "(the model stays at step %d)",
+                "step %d: %d trajectories sampled more than max_staleness=%d versions before "
+                "%s are not trained",
+                next_step,
+                staleness.stale_dropped,
+                train_config.max_staleness,
+                model.served_name,
+            )
+        timings: dict[str, float] = {}
+        try:
+            async with contextlib.AsyncExitStack() as held:
+                # The trainer is made while a colocated engine sleeps (GPU memory) and
+                # held until the step is committed or rolled back.
+                async with self._engine_asleep(timings):
+                    lease = await held.enter_async_context(self._leased_trainer(model))
+                    stats = await asyncio.to_thread(lease.trainer.step, fresh, train_config)
+                failpoint("step.trained")
+                if stats.trained:
+                    record = {"request_id": request_id, "stats": stats.as_dict()}
+                    result = await self._publish_step(
+                        model, lease.trainer, stats, record, staleness, timings
+                    )
+                # A step stopped by a non-finite value after an earlier mini-batch's
+                # update left the trainer ahead of its checkpoint: it is made again.
+                lease.kept = stats.trained or stats.non_finite <= 1
+        except Exception as e:
+            await self._open_requests()
+            await self._step_failed(model, next_step, e, staleness, started)
+            raise
+        if not stats.trained:
+            await self._open_requests()
+            skip = await asyncio.to_thread(sinks.mark_skipped, next_step)
+            if stats.non_finite:
+                why = (
+                    f"the loss or gradient norm of mini-batch {stats.non_finite} was not "
+                    "finite; nothing was saved or published"
+                )
+            else:
+                why = "no group had reward variance; nothing trained"
+            logger.warning(
+                "step %d, attempt skipped %d: %s (the model stays at step %d)",
                 next_step,
                 skip,
+                why,
                 model.step,
             )
-            result = StepResult(model.step, stats, None, 0.0, 0.0, rendering)
+            result = StepResult(model.step, stats, None, 0.0, 0.0, staleness, timings, rendering)
             self._record(sinks, model, next_step, "skipped", result, groups, started, skip)
             return result
-        record = {"request_id": request_id, "stats": stats.as_dict()}
-        result = await self._publish_step(model, trainer, stats, record)
         result = replace(result, rendering=rendering)
         self._record(sinks, model, next_step, "train", result, groups, started)
         return result
+
+    @contextlib.asynccontextmanager
+    async def _engine_asleep(self, timings: dict[str, float]) -> AsyncIterator[None]:
+        """With `colocation="sleep"`, the engine sleeps inside this block and wakes after
+        it, failed or not (colocation.py); new requests wait at the router until the next
+        publish or `_open_requests`. Otherwise nothing happens."""
+        if self.engine_config.colocation != "sleep" or self.gateway is None:
+            yield
+            return
+        engine: Any = self.engine
+        timings["sleep_seconds"] = await self.gateway.call(
+            sleep_engine(self.gateway.router, engine)
+        )
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(release_gpu_cache)
+            timings["wake_seconds"] = await self.gateway.call(wake_engine(engine))
+
+    async def _open_requests(self) -> None:
+        """Let requests held for a sleeping engine through (a publish does it too)."""
+        if self.engine_config.colocation == "sleep" and self.gateway is not None:
+            await self.gateway.call(self.gateway.router.open_requests())
+
+    async def _step_failed(
+        self,
+        model: TrainableModel,
+        step: int,
+        error: Exception,
+        staleness: Staleness,
+        started: float,
+    ) -> None:
+        """After a step failed (its trainer already dropped by its lease, so the next step
+        starts from the latest checkpoint): the batch stays on disk beside the trajectory
+        files (the next step's would overwrite it), and the failure is a metrics record.
+        The caller re-raises."""
+        batch = self.paths(model).trajectory_file(step)
+        attempt = 1 + len(list(batch.parent.glob(f"{batch.stem}-failed*.jsonl")))
+        kept = batch.with_name(f"{batch.stem}-failed{attempt}.jsonl")
+        with contextlib.suppress(OSError):
+            os.replace(batch, kept)
+        logger.error("step %d failed (%r); its batch is kept in %s", step, error, kept)
+        record = {
+            "event": "failed",
+            "error": f"{type(error).__name__}: {error}",
+            "batch_file": str(kept),
+            **staleness.as_dict(),
+            "step_seconds": time.perf_counter() - started,
+            "policy": model.served_name,
+        }
+        self.sinks(model).log_metrics(step, record)
 
     def _render(self, groups: list[TrajectoryGroup]) -> tuple[list[TrajectoryGroup], dict]:
         """Client-built trajectories rendered with the chat template (trainer/render.py);
@@ -528,9 +717,6 @@ class LocalBackend:
         RL step, so SFT and RL can alternate on one model. The examples are written to
         `sft/<step>.jsonl` in the run folder before training starts.
         """
-        from rlcoach.trainer.lora import LoraTrainer
-        from rlcoach.trainer.sft import sft_sequences, sft_train
-
         if self.gateway is None or model.name not in self._models:
             raise ConfigError(f"model {model.name!r} is not registered with this backend")
         if (ranks := self._train_ranks()) > 1:
@@ -546,6 +732,21 @@ class LocalBackend:
             raise ConfigError(
                 "train_sft got no examples; fix: pass at least one Trajectory or ChatRecord"
             )
+        async with self._step_lock(model):
+            return await self._sft_step(model, items, sft_config, progress, request_id)
+
+    async def _sft_step(
+        self,
+        model: TrainableModel,
+        items: list[Trajectory | ChatRecord],
+        sft_config: SFTConfig,
+        progress: bool,
+        request_id: str | None,
+    ) -> StepResult:
+        """`train_sft` under the model's step lock; committed or rolled back as a step."""
+        from rlcoach.trainer.lora import LoraTrainer
+        from rlcoach.trainer.sft import sft_sequences, sft_train
+
         started = time.perf_counter()
         next_step = model.step + 1
         await asyncio.to_thread(
@@ -553,20 +754,29 @@ class LocalBackend:
             self.paths(model).dir / "sft" / f"{next_step:06d}.jsonl",
             "".join(item.model_dump_json() + "\n" for item in items),
         )
-        trainer = await asyncio.to_thread(self._trainer, model)
-        assert isinstance(trainer, LoraTrainer)  # one training rank: checked above
         tokenizer = await asyncio.to_thread(self._tokenizer)
         sequences = await asyncio.to_thread(sft_sequences, items, tokenizer)
-        stats = await asyncio.to_thread(
-            sft_train, trainer, sequences, sft_config, len(items), progress
-        )
-        if not stats.trained:
-            raise ConfigError(
-                "the SFT examples hold no assistant token to train on; fix: "
-                "include the assistant turns the model should imitate"
-            )
-        record = {"request_id": request_id, "kind": "sft", "stats": stats.as_dict()}
-        result = await self._publish_step(model, trainer, stats, record)
+        timings: dict[str, float] = {}
+        try:
+            async with contextlib.AsyncExitStack() as held:
+                async with self._engine_asleep(timings):  # the trainer made while it sleeps
+                    lease = await held.enter_async_context(self._leased_trainer(model))
+                    trainer = lease.trainer
+                    assert isinstance(trainer, LoraTrainer)  # one training rank: checked above
+                    stats = await asyncio.to_thread(
+                        sft_train, trainer, sequences, sft_config, len(items), progress
+                    )
+                if not stats.trained:
+                    lease.kept = True  # no optimizer step ran
+                    raise ConfigError(
+                        "the SFT examples hold no assistant token to train on; fix: "
+                        "include the assistant turns the model should imitate"
+                    )
+                record = {"request_id": request_id, "kind": "sft", "stats": stats.as_dict()}
+                result = await self._publish_step(model, trainer, stats, record, None, timings)
+                lease.kept = True
+        finally:
+            await self._open_requests()
         self._record(self.sinks(model), model, next_step, "sft", result, [], started)
         return result
 
@@ -595,23 +805,25 @@ class LocalBackend:
         keep_best: int = 1,
         best_mode: Literal["max", "min"] = "max",
     ) -> list[int]:
-        """Delete old checkpoints of `model` (evaluation.py says which stay)."""
+        """Delete old checkpoints of `model` (evaluation.py says which stay), between its
+        steps (under the step lock: a step in flight is committing a folder of its own)."""
         from rlcoach.evaluation import delete_checkpoints
 
         def forget(step: int) -> None:
             if self.gateway is not None:
                 self.gateway.router.checkpoints.pop(f"{model.name}@{step}", None)
 
-        return await asyncio.to_thread(
-            delete_checkpoints,
-            self.paths(model),
-            model.step,
-            best_checkpoint_metric,
-            keep_last=keep_last,
-            keep_best=keep_best,
-            best_mode=best_mode,
-            forget=forget,
-        )
+        async with self._step_lock(model):
+            return await asyncio.to_thread(
+                delete_checkpoints,
+                self.paths(model),
+                model.step,
+                best_checkpoint_metric,
+                keep_last=keep_last,
+                keep_best=keep_best,
+                best_mode=best_mode,
+                forget=forget,
+            )
 
     def _tokenizer(self) -> Any:
         if self._tokenizer_cache is None:
@@ -631,21 +843,59 @@ class LocalBackend:
         trainer: Trainer,
         stats: StepStats | SFTStats,
         record: dict[str, Any],
+        staleness: Staleness | None = None,
+        timings: dict[str, float] | None = None,
     ) -> StepResult:
-        """Save the adapter as the next checkpoint, serve it, then bump the model's step."""
+        """Make the trained adapter the model's next step, or nothing of it.
+
+        The checkpoint folder is written whole (adapter and request record, fsynced) with
+        an `UNCOMMITTED` marker and renamed into place; then the adapter is published to
+        the engine while the optimizer state is written beside it (off the publish path);
+        then the marker is removed: that is the commit point, and only then is the step
+        the model's. A failure or a crash before it leaves no step behind: the router
+        serves the previous step again, the folder is removed (at once, or at the next
+        registration after a crash), the request id is not found as done (so a retry
+        trains instead of being answered "replayed"), and the caller's lease drops the
+        trainer (made again from the latest committed checkpoint)."""
         assert self.gateway is not None
-        next_step = model.step + 1
+        gateway = self.gateway
+        previous = model.step
+        next_step = previous + 1
         saved = time.perf_counter()
         folder = await asyncio.to_thread(self._save, trainer, self.paths(model), next_step, record)
         save_seconds = time.perf_counter() - saved
-        publish_seconds = await self.gateway.call(
-            self.gateway.router.publish(model.name, next_step, folder)
-        )
-        # The optimizer state (twice the adapter) is written after publishing: serving the
-        # new step does not wait for it, and a crash before it only costs AdamW's moments.
-        await asyncio.to_thread(trainer.save_optimizer, folder)
+        published = False
+        try:
+            failpoint("checkpoint.renamed")
+            outcomes = await asyncio.gather(
+                gateway.call(gateway.router.publish(model.name, next_step, folder)),
+                asyncio.to_thread(trainer.save_optimizer, folder),
+                return_exceptions=True,
+            )
+            published = not isinstance(outcomes[0], BaseException)
+            if isinstance(outcomes[0], BaseException):
+                raise outcomes[0]
+            if isinstance(outcomes[1], BaseException):
+                error = outcomes[1]
+                raise _write_failed("optimizer state", next_step, folder, error) from error
+            publish_seconds = float(outcomes[0])
+            failpoint("step.published")
+            await asyncio.to_thread(_commit, folder)
+        except BaseException:
+            if published:
+                try:
+                    await gateway.call(_withdraw(gateway.router, model.name, next_step, previous))
+                except Exception:
+                    logger.exception(
+                        "could not withdraw %s@%d from the router", model.name, next_step
+                    )
+            await asyncio.to_thread(shutil.rmtree, folder, True)
+            raise
         model.step = next_step
-        return StepResult(next_step, stats, folder, publish_seconds, save_seconds)
+        failpoint("step.committed")
+        return StepResult(
+            next_step, stats, folder, publish_seconds, save_seconds, staleness, timings or {}
+        )
 
     @staticmethod
     def _record(
@@ -688,18 +938,24 @@ class LocalBackend:
             )
         temp = paths.temp_checkpoint()
         try:
+            (temp / UNCOMMITTED).touch()
             trainer.save_adapter(temp)
             write_text_atomic(temp / STEP_RECORD, json.dumps(record))
+            fsync_tree(temp)
             os.replace(temp, target)
-        except BaseException:
+            fsync_dir(paths.checkpoints)
+        except BaseException as e:
             shutil.rmtree(temp, ignore_errors=True)
-            raise
+            if (target / UNCOMMITTED).exists():  # renamed, then its fsync failed
+                shutil.rmtree(target, ignore_errors=True)
+            failed = _write_failed("adapter", step, target, e)
+            if failed is e:
+                raise
+            raise failed from e
         return target
 
     async def close(self) -> None:
-        for trainer in self._trainers.values():
-            await asyncio.to_thread(trainer.close)
-        self._trainers.clear()
+        await asyncio.to_thread(self._pool.close)
         for sinks in self._sinks.values():
             await asyncio.to_thread(sinks.close)
         self._sinks.clear()
@@ -711,3 +967,45 @@ class LocalBackend:
             self.gateway.stop()
         self.gateway = None
         self.engine = None
+
+
+def _write_failed(what: str, step: int, folder: Path, error: BaseException) -> BaseException:
+    """A failed checkpoint write as a `CheckpointError` that says the step left nothing
+    (an error rlcoach raised, or a cancellation, passes unchanged)."""
+    if isinstance(error, RLCoachError) or not isinstance(error, Exception):
+        return error
+    return CheckpointError(
+        f"the {what} of step {step} could not be written into {folder} ({error!r}); "
+        "nothing of the step was kept — fix: check the disk under the run folder (full? "
+        "read-only?), then train the same batch again"
+    )
+
+
+@dataclass
+class _Lease:
+    """A step's hold on its model's trainer (`LocalBackend._leased_trainer`)."""
+
+    trainer: Trainer
+    kept: bool = False
+    """Set by the step once the trainer matches the latest checkpoint again (committed, or
+    no update ran); otherwise it is dropped at the end of the lease."""
+
+
+def _return_freed_memory() -> None:
+    """After a step: collect garbage and hand the C heap's free pages back to the system.
+    glibc keeps freed memory in per-thread arenas, and each step's tensors differ in size,
+    so without this a long-running server's RSS climbs step after step (bench/soak_serve.py)."""
+    gc.collect()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _commit(folder: Path) -> None:
+    """The commit point of a step: its checkpoint folder becomes a checkpoint."""
+    (folder / UNCOMMITTED).unlink()
+    fsync_dir(folder)
+
+
+async def _withdraw(router: Router, model: str, step: int, previous: int) -> None:
+    router.withdraw(model, step, previous)

@@ -83,6 +83,13 @@ class TrainConfig(_Strict):
     kl_coef: float = Field(0.0, ge=0.0)
     """Weight of the k3 KL estimate to the base model (0 skips the reference pass); ART's
     and TRL's `beta` is the same quantity and is accepted as an alias."""
+    tis_cap: float | None = Field(None, ge=1.0)
+    """Truncated importance sampling (Yao et al., 2025): weight each token's loss by
+    `min(pi_trainer / pi_sampler, tis_cap)` and take the PPO ratio against the trainer's
+    own log-probs (objective.py). None (default) is off; the paper uses 2."""
+    mismatch_threshold: float = Field(0.2, gt=0.0)
+    """A trained token whose |trainer - sampler| log-prob exceeds this counts in the
+    step's `mismatch_beyond_fraction` (0.2: about the PPO clip range)."""
     mini_batches: int = Field(1, ge=1, le=1024)
     """Optimizer steps per batch of groups; 1 is one step per batch."""
     micro_batch_tokens: int = Field(1024, ge=64, le=1 << 20)
@@ -107,6 +114,11 @@ class TrainConfig(_Strict):
     measured on a GPU. Ignored on the CPU."""
     max_grad_norm: float = Field(1.0, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
+    max_staleness: int = Field(1, ge=0)
+    """Policy versions a sample may lag the model it trains (staleness.py): a step from
+    version k trains samples of versions k - max_staleness .. k and drops older ones
+    (counted as `stale_dropped`). 1 lets the rollouts of step k+1 run while step k trains
+    (pipeline.py); 0 is strictly on-policy."""
     lora: LoraConfig = Field(default_factory=LoraConfig)
     seed: int = 0
 
@@ -170,6 +182,15 @@ class EngineConfig(_Strict):
     kv_cache_gib: int = Field(2, ge=1)
     """KV cache size on the CPU in whole GiB (`VLLM_CPU_KVCACHE_SPACE` takes an integer)."""
     gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0)
+    """The share of the serving GPU's memory vLLM takes (weights, activations, KV cache).
+    Colocated on one GPU it is what the trainer does not get (`colocation`)."""
+    colocation: Literal["split", "sleep"] = "split"
+    """How vLLM and the trainer share one GPU (colocation.py): "split" keeps both
+    resident, vLLM in `gpu_memory_utilization` and the trainer in the rest, so rollouts
+    and training can overlap; "sleep" puts vLLM to sleep around each training step
+    (weights offloaded to CPU memory, KV cache freed) so the trainer gets nearly the
+    whole GPU, and rollouts wait while it trains. GPU only: vLLM has no sleep mode on
+    the CPU."""
     tool_call_parser: str | None = None
     """vLLM tool parser; None: the model family's (`rlcoach.families`), else "hermes"."""
     reasoning_parser: str | None = None

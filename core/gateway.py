@@ -6,7 +6,18 @@ sampled token ids, routes `name@step` to the right adapter (see `router.py`), an
 the exchange under the rollout id that the client sent in the `X-RLCoach-Rollout` header
 (`model.openai_client()` sets it from the current rollout scope), so user code needs no
 bookkeeping. Bad requests get OpenAI-shaped 4xx errors that name the bad value and the
-fix. Streaming is served from one upstream completion cut into SSE chunks.
+fix. What is recorded is what the trainer can trust:
+
+- Streaming is token by token: each engine event is relayed as it comes, and the
+  completion the events add up to is recorded when the stream ends (stream.py).
+- A completion sampled under a grammar (JSON schema, regex, a forced tool choice) is
+  recorded with the model's own log-probs, re-scored without the grammar, and with the
+  positions the grammar forced (constraint.py); the client gets the engine's answer.
+- A tool-calling reply the policy sampled earlier in the same rollout, returned by the
+  client as parsed tool calls, is sent to the engine as the exact text it sampled: the
+  chat template would re-serialise the calls its own way (spacing, key order, escapes,
+  the envelope), so the next prompt would not extend the sampled tokens and the trainer
+  would need a second sequence re-reading the prompt.
 
 The gateway runs uvicorn in a thread with its own event loop, so a user loop that blocks
 (a synchronous reward function, a training step) never stalls in-flight requests.
@@ -16,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import logging
 import socket
@@ -30,10 +42,20 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from rlcoach import fastjson
+from rlcoach.constraint import (
+    forced_positions,
+    normalize_tool_choice,
+    sampling_constraint,
+    tool_choice_problem,
+    trim_top_logprobs,
+)
 from rlcoach.engines.base import Engine, EngineHTTPError
 from rlcoach.errors import ConfigError, EngineError, EngineStartError, UnknownModelError
+from rlcoach.recording import message_key
 from rlcoach.router import Router
-from rlcoach.types import TIMING_KEY
+from rlcoach.stream import DONE, CompletionAssembler, sse_event
+from rlcoach.types import CHOICE_KEY, TIMING_KEY
 
 __all__ = ["ROLLOUT_HEADER", "Gateway", "Recorder"]
 
@@ -63,6 +85,12 @@ def error_response(
 class Recorder:
     """Exchanges (request, response) per rollout id, in arrival order. Thread-safe.
 
+    A response may be kept as the engine's raw JSON (`add_raw`), parsed only when the
+    rollout takes its exchanges (with the garbage collector paused, `fastjson.gc_paused`):
+    parsing a 512-token answer with logprobs makes thousands of Python objects, and doing
+    it on the way out made the answer wait for it and the collector walk every parsed
+    answer still held (most of the endpoint's time, bench/gateway_overhead.py).
+
     Bounded: a rollout nobody takes (cancelled, timed out, its late replies still
     arriving) would otherwise be kept forever. A rollout untouched for `ttl_s` expires,
     the least recently touched one goes when `max_rollouts` are held, and a rollout keeps
@@ -78,10 +106,22 @@ class Recorder:
         self.ttl_s = ttl_s
         self._lock = threading.Lock()
         # Ordered by last touch, so the expired and the least recent are at the front.
-        self._exchanges: OrderedDict[str, tuple[float, list[Exchange]]] = OrderedDict()
+        # A response is a dict, or (raw JSON, keys to add) from `add_raw`.
+        self._exchanges: OrderedDict[str, tuple[float, list[tuple[dict[str, Any], Any]]]] = (
+            OrderedDict()
+        )
         self._dropped: Counter[str] = Counter()
 
     def add(self, rollout_id: str, request: dict[str, Any], response: dict[str, Any]) -> None:
+        self._keep(rollout_id, request, response)
+
+    def add_raw(
+        self, rollout_id: str, request: dict[str, Any], raw: bytes, extra: dict[str, Any]
+    ) -> None:
+        """Keep a response as its JSON bytes, with `extra` keys added when parsed."""
+        self._keep(rollout_id, request, (raw, extra))
+
+    def _keep(self, rollout_id: str, request: dict[str, Any], response: Any) -> None:
         now = time.monotonic()
         with self._lock:
             self._expire(now)
@@ -99,7 +139,9 @@ class Recorder:
     def take(self, rollout_id: str) -> list[Exchange]:
         with self._lock:
             self._expire(time.monotonic())
-            return self._exchanges.pop(rollout_id, (0.0, []))[1]
+            kept = self._exchanges.pop(rollout_id, (0.0, []))[1]
+        with fastjson.gc_paused():
+            return [(request, _parsed(response)) for request, response in kept]
 
     def _expire(self, now: float) -> None:
         while self._exchanges:
@@ -121,6 +163,43 @@ class Recorder:
                 "recorder_exchanges_dropped": self._dropped["exchanges"]
                 + self._dropped["exchanges_over_limit"],
             }
+
+    def replies(self, rollout_id: str) -> dict[str, dict[str, Any]]:
+        """The recorded choices of a rollout that called tools, by their message's key."""
+        with self._lock:
+            exchanges = self._exchanges.get(rollout_id, (0.0, []))[1]
+            for index, (request, response) in enumerate(exchanges):
+                if isinstance(response, tuple):  # parsed once, kept parsed (and annotated)
+                    exchanges[index] = (request, _parsed(response))
+            exchanges = list(exchanges)
+        found = {}
+        for _, response in exchanges:
+            for choice in response.get("choices") or []:
+                message = choice.get("message") or {}
+                if message.get("tool_calls"):
+                    found[message_key({"role": "assistant", **message})] = choice
+        return found
+
+
+def _parsed(response: Any) -> dict[str, Any]:
+    if isinstance(response, tuple):
+        raw, extra = response
+        return {**fastjson.loads(raw), **extra}
+    return response
+
+
+def _renamed(raw: bytes, engine_name: str, served: str) -> bytes | None:
+    """The engine's answer with its `model` changed to the served name, without parsing
+    it: inside a JSON string every quote is escaped, so the unescaped token
+    `"model":"<name>"` can only be the key itself. None when it is not there as expected
+    (the caller parses instead)."""
+    if engine_name == served:
+        return raw
+    old = b'"model":' + fastjson.dumps(engine_name)
+    at = raw.find(old)
+    if at < 0:
+        return None
+    return raw[:at] + b'"model":' + fastjson.dumps(served) + raw[at + len(old) :]
 
 
 def _unavailable(error: Exception) -> JSONResponse:
@@ -181,13 +260,7 @@ def _check_body(body: Any) -> str | None:
         isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(x, str) for x in stop))
     ):
         return f"`stop` must be a string or a list of strings, got {stop!r:.60}"
-    choice = body.get("tool_choice")
-    if choice not in (None, "auto", "none"):
-        return (
-            f"`tool_choice`={choice!r} is not supported by the policy endpoint (forcing a call "
-            "would train on tokens the policy did not choose); use 'auto' or 'none'"
-        )
-    return None
+    return tool_choice_problem(body.get("tool_choice"))
 
 
 class Gateway:
@@ -206,6 +279,7 @@ class Gateway:
         self.engine = engine
         self.router = router
         self.recorder = recorder or Recorder()
+        self._gate = _Gate(enabled=bool(getattr(engine, "rescore_alone", False)))
         self.call_timeout_s = call_timeout_s
         """Default limit of `call` (an engine start passes its own)."""
         self.host = host
@@ -231,7 +305,7 @@ class Gateway:
     async def _chat(self, request: Request) -> Response:
         received, clock = time.time(), time.perf_counter()
         try:
-            body = json.loads(await request.body())
+            body = fastjson.loads(await request.body())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             return error_response(400, f"the request body is not valid JSON: {e}")
         except RecursionError:
@@ -239,33 +313,196 @@ class Gateway:
         problem = _check_body(body)
         if problem is not None:
             return error_response(400, problem)
+        body = normalize_tool_choice(body)
         try:
             served, engine_name = await self.router.acquire(body["model"])
         except UnknownModelError as e:
             return error_response(404, str(e), param="model", code="model_not_found")
         except EngineError as e:
             return _unavailable(e)
-        upstream = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
-        upstream.update(model=engine_name, logprobs=True, return_token_ids=True)
+        await self._gate.enter()
+        call = _Call(body, served, engine_name, request.headers.get(ROLLOUT_HEADER), received)
+        streaming = False
         try:
-            response = await self.engine.chat(upstream)
+            upstream = await self._upstream_body(call)
+            if body.get("stream"):
+                events = self._relay(call, upstream, clock)
+                streaming = True  # from here the relay releases the adapter when it ends
+                try:
+                    first = await anext(events)
+                except EngineHTTPError as e:
+                    return JSONResponse(e.body, status_code=e.status)
+                except EngineError as e:
+                    return _unavailable(e)
+                return StreamingResponse(_chained(first, events), media_type="text/event-stream")
+            if call.constraint is None:
+                return await self._pass_through(call, upstream, clock)
+            try:
+                response = await self.engine.chat(upstream)
+            except EngineHTTPError as e:
+                return JSONResponse(e.body, status_code=e.status)
+            except EngineError as e:
+                return _unavailable(e)
+            response["model"] = served
+            await self._record(call, response, time.perf_counter() - clock)
+        finally:
+            if not streaming:
+                await self._gate.leave()
+                await self.router.release(engine_name)
+        response = trim_top_logprobs(response, int(body.get("top_logprobs") or 0))
+        return JSONResponse(response)
+
+    async def _pass_through(self, call: _Call, upstream: dict[str, Any], clock: float) -> Response:
+        """An unconstrained answer passes through as the engine's bytes: parsed only when
+        its `model` is not where expected; recorded unparsed (see Recorder)."""
+        try:
+            raw = await self._chat_bytes(upstream)
         except EngineHTTPError as e:
             return JSONResponse(e.body, status_code=e.status)
         except EngineError as e:
             return _unavailable(e)
-        finally:
-            await self.router.release(engine_name)
-        response["model"] = served
-        rollout_id = request.headers.get(ROLLOUT_HEADER)
-        if rollout_id:
-            timing = {"started_at": received, "latency_s": time.perf_counter() - clock}
-            self.recorder.add(rollout_id, body, {**response, TIMING_KEY: timing})
+        renamed = _renamed(raw, call.engine_name, call.served)
+        if renamed is None:
+            try:
+                response = fastjson.loads(raw)
+            except ValueError:
+                response = None
+            if not isinstance(response, dict):
+                return _unavailable(
+                    EngineError(f"the engine answered a chat completion with {raw[:200]!r}")
+                )
+            response["model"] = call.served
+            renamed = fastjson.dumps(response)
+        if call.rollout_id:
+            timing = {"started_at": call.received, "latency_s": time.perf_counter() - clock}
+            self.recorder.add_raw(call.rollout_id, call.body, renamed, {TIMING_KEY: timing})
+        return Response(renamed, media_type="application/json")
+
+    async def _chat_bytes(self, upstream: dict[str, Any]) -> bytes:
+        """The engine's answer as JSON bytes (`chat_bytes` where the engine has it: vLLM's
+        own bytes, never parsed here)."""
+        chat_bytes = getattr(self.engine, "chat_bytes", None)
+        if callable(chat_bytes):
+            return await chat_bytes(upstream)
+        return fastjson.dumps(await self.engine.chat(upstream))
+
+    async def _upstream_body(self, call: _Call) -> dict[str, Any]:
+        """The body the engine gets: logprobs and token ids always; two top log-probs per
+        position under a grammar (to see what it forced); earlier sampled tool calls as
+        the text that was sampled."""
+        body = call.body
+        upstream = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        upstream.update(model=call.engine_name, logprobs=True, return_token_ids=True)
         if body.get("stream"):
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return StreamingResponse(
-                _as_sse(response, include_usage), media_type="text/event-stream"
+            upstream["stream"] = True
+            if body.get("stream_options"):
+                upstream["stream_options"] = body["stream_options"]
+        if call.constraint is not None:
+            upstream["top_logprobs"] = max(int(body.get("top_logprobs") or 0), 2)
+        if call.rollout_id:
+            upstream["messages"] = await self._verbatim(call.rollout_id, body["messages"])
+        return upstream
+
+    async def _verbatim(
+        self, rollout_id: str, messages: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """`messages` with each assistant turn that returns a tool-calling reply sampled in
+        this rollout replaced by the reply's sampled text (see the module docstring)."""
+        replies = self.recorder.replies(rollout_id)
+        if not replies:
+            return messages
+        out = []
+        for message in messages:
+            choice = None
+            if message.get("role") == "assistant" and message.get("tool_calls"):
+                choice = replies.get(message_key(message))
+            text = await self._sampled_text(choice) if choice is not None else None
+            if text is not None:
+                message = {"role": "assistant", "content": text}
+            out.append(message)
+        return out
+
+    async def _sampled_text(self, choice: dict[str, Any]) -> str | None:
+        """The text of a recorded choice's sampled tokens without the end-of-turn token the
+        chat template writes itself; None when it cannot be rebuilt (a stop string)."""
+        extra = choice.setdefault(CHOICE_KEY, {})
+        if "text" in extra:
+            return extra["text"]
+        ids = list(choice.get("token_ids") or [])
+        if isinstance(choice.get("stop_reason"), str) or not ids:
+            return None  # the text ends before tokens that were sampled: no verbatim form
+        if choice.get("finish_reason") in ("stop", "tool_calls"):
+            ids = ids[:-1]  # the end-of-turn (stop) token, which the template adds back
+        try:
+            extra["text"] = await self.engine.detokenize(self.engine.base_name, ids)
+        except (EngineError, EngineHTTPError) as e:
+            logger.warning("could not detokenize a sampled reply (%s); sent as parsed", e)
+            return None
+        return extra["text"]
+
+    async def _relay(
+        self, call: _Call, upstream: dict[str, Any], clock: float
+    ) -> AsyncIterator[bytes]:
+        """Relay the engine's events as they come; record the completion at the end."""
+        assembler = CompletionAssembler()
+        keep = int(call.body.get("top_logprobs") or 0)
+        try:
+            async for chunk in self.engine.chat_stream(upstream):
+                assembler.add(chunk)
+                chunk["model"] = call.served
+                if call.constraint is not None:
+                    chunk = trim_top_logprobs(chunk, keep)
+                yield sse_event(chunk)
+            if assembler.finished:
+                completion = assembler.completion()
+                completion["model"] = call.served
+                await self._record(call, completion, time.perf_counter() - clock)
+            elif call.rollout_id:
+                logger.warning("a streamed completion ended without a finish; not recorded")
+            yield DONE
+        finally:
+            await self._gate.leave()
+            await self.router.release(call.engine_name)
+
+    async def _record(self, call: _Call, response: dict[str, Any], latency_s: float) -> None:
+        """Keep the exchange under its rollout id (constrained choices re-scored first)."""
+        if not call.rollout_id:
+            return
+        timing = {"started_at": call.received, "latency_s": latency_s}
+        recorded = {**response, TIMING_KEY: timing}
+        if call.constraint is not None:
+            prompt = list(response.get("prompt_token_ids") or [])
+            await self._gate.leave()  # the chat itself is done; the re-scoring may wait
+            try:
+                async with self._gate.alone():
+                    recorded["choices"] = [
+                        await self._rescored(call, prompt, choice) for choice in response["choices"]
+                    ]
+            finally:
+                await self._gate.enter()
+        self.recorder.add(call.rollout_id, call.body, recorded)
+
+    async def _rescored(
+        self, call: _Call, prompt: list[int], choice: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A constrained choice with the model's own log-probs and its forced positions."""
+        content = (choice.get("logprobs") or {}).get("content") or []
+        forced = forced_positions(choice)
+        try:
+            free = await self.engine.token_logprobs(
+                call.engine_name, [*prompt, *choice["token_ids"]], len(prompt)
             )
-        return JSONResponse(response)
+        except (EngineError, EngineHTTPError) as e:
+            # Unknown free log-probs: keep the tokens, train none of them.
+            logger.warning("could not re-score a constrained completion (%s); not trained", e)
+            free = [entry["logprob"] for entry in content]
+            forced = list(range(len(content)))
+        entries = [
+            {"token": entry.get("token"), "logprob": logprob}
+            for entry, logprob in zip(content, free, strict=True)
+        ]
+        extra = {"forced": forced, "constraint": call.constraint}
+        return {**choice, "logprobs": {"content": entries}, CHOICE_KEY: extra}
 
     async def _models(self, request: Request) -> Response:
         now = int(time.time())
@@ -309,7 +546,7 @@ class Gateway:
         )
         self._server = uvicorn.Server(config)
         ready = threading.Event()
-        self._loop = asyncio.new_event_loop()
+        self._loop = _event_loop()
 
         def serve() -> None:
             assert self._loop is not None
@@ -359,45 +596,87 @@ class Gateway:
         self._thread = None
 
 
-async def _as_sse(response: dict[str, Any], include_usage: bool) -> AsyncIterator[bytes]:
-    """Cut one finished completion into chat.completion.chunk events."""
-    head = {k: response[k] for k in ("id", "created", "model") if k in response}
-    head["object"] = "chat.completion.chunk"
+def _event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's loop where it is installed (vLLM brings it): its sockets and callbacks cost
+    about half of asyncio's per request (bench/gateway_overhead.py)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
 
-    def event(payload: dict[str, Any]) -> bytes:
-        return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
-    for choice in response["choices"]:
-        message = choice.get("message") or {}
-        delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
-        calls = message.get("tool_calls") or []
-        if calls:
-            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
-        first = {
-            **head,
-            "choices": [
-                {
-                    "index": choice["index"],
-                    "delta": delta,
-                    "logprobs": choice.get("logprobs"),
-                    "finish_reason": None,
-                    "token_ids": choice.get("token_ids"),
-                }
-            ],
-            "prompt_token_ids": response.get("prompt_token_ids"),
-        }
-        yield event(first)
-        last = {
-            **head,
-            "choices": [
-                {
-                    "index": choice["index"],
-                    "delta": {},
-                    "finish_reason": choice.get("finish_reason"),
-                }
-            ],
-        }
-        yield event(last)
-    if include_usage:
-        yield event({**head, "choices": [], "usage": response.get("usage")})
-    yield b"data: [DONE]\n\n"
+class _Gate:
+    """Counts the chats in flight on the engine and lets a re-scoring run with none of
+    them, where the engine needs that (`rescore_alone`, vLLM on a CPU); a no-op
+    elsewhere. New chats wait while a re-scoring waits or runs."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._active = 0
+        self._alone = False
+        self._changed: asyncio.Condition | None = None  # made in the gateway's own loop
+
+    def _condition(self) -> asyncio.Condition:
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        return self._changed
+
+    async def enter(self) -> None:
+        if self.enabled:
+            changed = self._condition()
+            async with changed:
+                await changed.wait_for(lambda: not self._alone)
+                self._active += 1
+
+    async def leave(self) -> None:
+        if self.enabled:
+            changed = self._condition()
+            async with changed:
+                self._active -= 1
+                changed.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def alone(self) -> AsyncIterator[None]:
+        if not self.enabled:
+            yield
+            return
+        changed = self._condition()
+        async with changed:
+            await changed.wait_for(lambda: not self._alone)
+            self._alone = True
+            await changed.wait_for(lambda: self._active == 0)
+        try:
+            yield
+        finally:
+            changed = self._condition()
+            async with changed:
+                self._alone = False
+                changed.notify_all()
+
+
+class _Call:
+    """One chat request in flight: what it asked for and where it is routed."""
+
+    __slots__ = ("body", "constraint", "engine_name", "received", "rollout_id", "served")
+
+    def __init__(
+        self,
+        body: dict[str, Any],
+        served: str,
+        engine_name: str,
+        rollout_id: str | None,
+        received: float,
+    ) -> None:
+        self.body = body
+        self.served = served
+        self.engine_name = engine_name
+        self.rollout_id = rollout_id
+        self.received = received
+        self.constraint = sampling_constraint(body)
+
+
+async def _chained(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    yield first
+    async for event in rest:
+        yield event

@@ -12,9 +12,10 @@ opens a recording scope, `train()` runs a step, `log()` records evaluation group
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import httpx
 from pydantic import BaseModel
@@ -34,7 +35,9 @@ if TYPE_CHECKING:
 
     from rlcoach.backend import Backend, StepResult
 
-__all__ = ["Model", "TrainableModel"]
+__all__ = ["Model", "PendingStep", "TrainableModel"]
+
+T = TypeVar("T")
 
 
 def _tag_rollout_sync(request: httpx.Request) -> None:
@@ -185,6 +188,30 @@ def _train_config(config: Any) -> TrainConfig:
     return parse_config(TrainConfig, config)
 
 
+class PendingStep:
+    """A training step running in the background (`model.train(groups, wait=False)`).
+
+    `await pending` (or `await pending.result()`) returns its `StepResult` or raises its
+    error. A model's steps run one after another in the order they were started, so
+    rollouts can go on while a step trains and the next step queues behind it.
+    """
+
+    def __init__(self, task: asyncio.Task[StepResult], step: int) -> None:
+        self._task = task
+        self.started_from = step
+        """The model's step when this one was started (it trains from that version or a
+        later one, if steps queued before it)."""
+
+    def done(self) -> bool:
+        return self._task.done()
+
+    def __await__(self) -> Generator[Any, None, StepResult]:
+        return self._task.__await__()
+
+    async def result(self) -> StepResult:
+        return await self._task
+
+
 class TrainableModel(Model):
     """The policy: base model + the LoRA that training produces, served as `name@step`."""
 
@@ -217,6 +244,7 @@ class TrainableModel(Model):
         a `LocalBackend` applies them when it starts the engine for this model."""
         self.step = 0
         self._backend: Backend | None = None
+        self._last_step: asyncio.Task[Any] | None = None
         self._art_internal: Mapping[str, Any] | None = None
         if _internal_config is not None:
             self._internal_config = _internal_config
@@ -273,17 +301,61 @@ class TrainableModel(Model):
         """A scope whose policy calls become one trajectory."""
         return Rollout(self.backend, **metadata)
 
+    def _queued(self, start: Callable[[], Awaitable[T]]) -> asyncio.Task[T]:
+        """Run `start()` after the model's earlier steps, as a task (steps never overlap
+        each other; rollouts may overlap them)."""
+        previous = self._last_step
+
+        async def run() -> T:
+            if previous is not None and not previous.done():
+                await asyncio.wait([previous])  # its error belongs to its own caller
+            return await start()
+
+        task = asyncio.create_task(run(), name=f"rlcoach-train-{self.name}")
+        self._last_step = task
+        return task
+
+    @overload
     async def train(
         self,
         groups: Iterable[TrajectoryGroup],
         config: TrainConfig | dict[str, Any] | None = None,
         _config: Mapping[str, Any] | None = None,
         verbose: bool = False,
-    ) -> StepResult:
-        """One training step on `groups`; the new adapter is served when this returns.
+        *,
+        wait: Literal[True] = True,
+    ) -> StepResult: ...
+
+    @overload
+    async def train(
+        self,
+        groups: Iterable[TrajectoryGroup],
+        config: TrainConfig | dict[str, Any] | None = None,
+        _config: Mapping[str, Any] | None = None,
+        verbose: bool = False,
+        *,
+        wait: Literal[False],
+    ) -> PendingStep: ...
+
+    async def train(
+        self,
+        groups: Iterable[TrajectoryGroup],
+        config: TrainConfig | dict[str, Any] | None = None,
+        _config: Mapping[str, Any] | None = None,
+        verbose: bool = False,
+        *,
+        wait: bool = True,
+    ) -> StepResult | PendingStep:
+        """One training step on `groups`; the new adapter is served when it finishes.
+
+        `wait=False` returns a `PendingStep` at once, so the caller can keep sampling
+        (with the current version) while the step trains; `pipeline.py` builds the
+        async loop on it. Samples staler than `TrainConfig.max_staleness` versions when
+        the step starts are dropped and counted (staleness.py).
 
         `_config` takes ART's per-step options (`logprob_calculation_chunk_size`,
-        `epsilon`, ...; art_config.py); `verbose` is accepted for ART's sake."""
+        `epsilon`, ...; art_config.py); `verbose` is accepted for ART's sake.
+        """
         groups = list(groups)
         for group in groups:
             if isinstance(group, TrajectoryGroup) and group.pending:
@@ -294,7 +366,9 @@ class TrainableModel(Model):
         if _config:
             base = parse_config(TrainConfig, config) if config is not None else self.config
             config = parse_config(TrainConfig, {**base.model_dump(), **train_options(_config)})
-        return await self.backend.train(self, groups, config)
+        backend = self.backend
+        pending = PendingStep(self._queued(lambda: backend.train(self, groups, config)), self.step)
+        return await pending if wait else pending
 
     async def log(
         self,
@@ -359,4 +433,4 @@ class TrainableModel(Model):
                 "fix: run it where the model's files are, with a LocalBackend or `rlcoach "
                 "sft <file.jsonl>` (the checkpoint it writes is the model's next step)"
             )
-        return await train_sft(self, data, config, progress=progress)
+        return await self._queued(lambda: train_sft(self, data, config, progress=progress))

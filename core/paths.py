@@ -16,9 +16,31 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunPaths", "append_jsonl", "fsync_dir", "fsync_tree", "write_text_atomic"]
+__all__ = [
+    "UNCOMMITTED",
+    "RunPaths",
+    "append_jsonl",
+    "fsync_dir",
+    "fsync_tree",
+    "is_checkpoint",
+    "write_text_atomic",
+]
 
 DEFAULT_ROOT = Path(".rlcoach")
+
+UNCOMMITTED = ".uncommitted"
+"""A file in a checkpoint folder whose step is not (yet) the model's: written before the
+folder is renamed into place, removed when the step commits (backend.py). A folder that
+still has it after a crash or a failed step is not a checkpoint and is removed."""
+
+
+def is_checkpoint(folder: Path) -> bool:
+    """Whether `folder` is a complete, committed checkpoint (`<step>/` with an adapter)."""
+    return (
+        folder.name.isdigit()
+        and (folder / "adapter_config.json").is_file()
+        and not (folder / UNCOMMITTED).exists()
+    )
 
 
 class RunPaths:
@@ -49,22 +71,25 @@ class RunPaths:
             return 0
         return len(list(self.trajectories.glob(f"{step:06d}-skip*.jsonl")))
 
-    def latest_checkpoint(self) -> tuple[int, Path] | None:
-        """The highest complete checkpoint; temp folders of a crashed save are skipped."""
+    def complete_checkpoints(self) -> dict[int, Path]:
+        """Every complete, committed checkpoint by step (see `is_checkpoint`)."""
         if not self.checkpoints.is_dir():
-            return None
-        steps = []
-        for entry in self.checkpoints.iterdir():
-            if entry.is_dir() and entry.name.isdigit() and (entry / "adapter_config.json").exists():
-                steps.append((int(entry.name), entry))
-        return max(steps) if steps else None
+            return {}
+        return {int(e.name): e for e in self.checkpoints.iterdir() if is_checkpoint(e)}
+
+    def latest_checkpoint(self) -> tuple[int, Path] | None:
+        """The highest complete checkpoint; temp folders of a crashed save and folders of
+        a step that never committed are skipped."""
+        steps = self.complete_checkpoints()
+        return max(steps.items()) if steps else None
 
     def remove_partial_checkpoints(self) -> list[Path]:
-        """Delete temp folders left by a save that was killed; return what was removed."""
+        """Delete temp folders left by a save that was killed, and folders of a step that
+        never committed (`UNCOMMITTED`); return what was removed."""
         removed = []
         if self.checkpoints.is_dir():
             for entry in self.checkpoints.iterdir():
-                if entry.name.startswith(".tmp-"):
+                if entry.name.startswith(".tmp-") or (entry / UNCOMMITTED).exists():
                     shutil.rmtree(entry, ignore_errors=True)
                     removed.append(entry)
         return removed

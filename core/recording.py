@@ -3,10 +3,19 @@
 The gateway records every (request, response) of a rollout in arrival order. A call
 whose messages start with an earlier history's messages (its sampled reply included)
 continues that history; any other call starts a new one (a sub-agent, a summariser, a
-judge-like helper). The history with the most sampled choices is the main one. Messages
-are compared by role, text and tool calls (name and parsed arguments), so the harmless
-differences an OpenAI client introduces when it sends a reply back (`refusal: null`,
-reordered keys, `content: ""` for `null`) do not split a conversation.
+judge-like helper). Messages are compared by role, text and tool calls (name and parsed
+arguments), so the harmless differences an OpenAI client introduces when it sends a
+reply back (`refusal: null`, reordered keys, `content: ""` for `null`) do not split a
+conversation.
+
+The main history is the one the user sees:
+1. with the app's final messages (a LangGraph state, `record_state`), the history that
+   shares the most (non-system) messages with them — the conversation the final state
+   continues (a router's or summariser's prompt is not in it);
+2. otherwise the history of the last reply returned to the caller (the latest call).
+Among equals, and in rule 2, a history whose every reply was constrained (a JSON schema,
+a regex, a forced tool choice: a router, a classifier) never wins over one with a free
+reply. The other histories are additional.
 """
 
 from __future__ import annotations
@@ -62,12 +71,36 @@ def message_key(message: Message) -> str:
     )
 
 
+def _constrained(history: History) -> bool:
+    return bool(history.choices) and all(c.constraint for c in history.choices)
+
+
+def _main_index(histories: list[History], last_call: list[int], final: list[Message] | None) -> int:
+    """Which history is the main one (see the module docstring)."""
+    free_first = [0 if _constrained(h) else 1 for h in histories]
+    if final:
+        keys = {message_key(m) for m in final}
+        shared = [
+            sum(message_key(m) in keys for m in h.messages if m.get("role") != "system")
+            for h in histories
+        ]
+        if any(shared):
+            return max(
+                range(len(histories)), key=lambda i: (shared[i], free_first[i], last_call[i])
+            )
+    return max(range(len(histories)), key=lambda i: (free_first[i], last_call[i]))
+
+
 def assemble_histories(
     exchanges: list[tuple[dict[str, Any], dict[str, Any]]],
+    final: list[Message] | None = None,
 ) -> tuple[History, list[History]]:
-    """Group exchanges into (main history, additional histories)."""
+    """Group exchanges into (main history, additional histories).
+
+    `final`: the app's final messages (OpenAI form), when it reported them."""
     histories: list[tuple[list[str], History]] = []
-    for request, response in exchanges:
+    last_call: list[int] = []
+    for number, (request, response) in enumerate(exchanges):
         messages = list(request.get("messages") or [])
         tools = request.get("tools") or None
         keys = [message_key(m) for m in messages]
@@ -75,20 +108,22 @@ def assemble_histories(
             choice = choice_from_response_json(choice_json, response)
             target = None
             if index == 0:
-                for seen, history in reversed(histories):
+                for position in reversed(range(len(histories))):
+                    seen = histories[position][0]
                     if len(seen) <= len(keys) and keys[: len(seen)] == seen:
-                        target = (seen, history)
+                        target = position
                         break
             if target is None:
-                history = History(tools=tools)
-                histories.append(([], history))
-                target = histories[-1]
-            seen, history = target
+                histories.append(([], History(tools=tools)))
+                last_call.append(number)
+                target = len(histories) - 1
+            seen, history = histories[target]
             history.messages = [*messages, choice.message]
             history.choices.append(choice)
             seen[:] = [*keys, message_key(choice.message)]
+            last_call[target] = number
     if not histories:
         return History(), []
     ordered = [h for _, h in histories]
-    main = max(ordered, key=lambda h: len(h.choices))
-    return main, [h for h in ordered if h is not main]
+    main = _main_index(ordered, last_call, final)
+    return ordered[main], [h for i, h in enumerate(ordered) if i != main]

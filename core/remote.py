@@ -391,9 +391,20 @@ def _error(response: httpx.Response) -> Exception:
 
 def _step_result(wire: StepResultWire) -> StepResult:
     from rlcoach.backend import StepResult
+    from rlcoach.staleness import Staleness
     from rlcoach.trainer.base import SFTStats, StepStats
 
     kind = SFTStats if wire.kind == "sft" else StepStats
-    stats = kind(**{field.name: wire.stats[field.name] for field in fields(kind)})
+    # A field with a default may be missing from an older server's answer.
+    stats = kind(**{f.name: wire.stats[f.name] for f in fields(kind) if f.name in wire.stats})
     checkpoint = Path(wire.checkpoint) if wire.checkpoint else None  # relative to the server's root
-    return StepResult(wire.step, stats, checkpoint, wire.publish_seconds, wire.save_seconds)
+    staleness = Staleness(**wire.staleness) if wire.staleness is not None else None  # type: ignore[arg-type]
+    return StepResult(
+        wire.step,
+        stats,
+        checkpoint,
+        wire.publish_seconds,
+        wire.save_seconds,
+        staleness,
+        dict(wire.timings),
+    )

@@ -7,13 +7,14 @@ file (the charts are PNGs from matplotlib, embedded), so it can be mailed or arc
 The page: reward (mean ± std, min and max) and success curves per step — computed from
 the trajectory files, so skipped steps and runs older than the metrics' reward columns
 show too; the evaluations `model.log` recorded (`<split>/reward` per step and split,
-chart and table); a per-step table (rewards, failures, loss, KL, grad norm, tokens, timings, sink
-errors); and for each step a sample of trajectories (the best and the worst of each
-group), each with its reward and advantage, metadata, the judge's explanation and logs,
-its tool calls, and its token sequences exactly as the trainer sees them (the same
-`build_sequences`): context tokens plain, sampled — trained — tokens highlighted, decoded
-one by one with the base model's tokenizer. Without a tokenizer the messages are shown,
-sampled replies highlighted.
+chart and table); a per-step table (rewards, failures, loss, KL, grad norm, the
+sampler/trainer mismatch, tokens, timings, sink errors) and a chart of the mismatch; and
+for each step a sample of trajectories (the best and the worst of each group), each with
+its reward and advantage, metadata, the judge's explanation and logs, its tool calls, and
+its token sequences exactly as the trainer sees them (the same `build_sequences`): context
+tokens plain, sampled — trained — tokens highlighted, tokens a sampling constraint forced
+(sampled, not trained) struck through in grey, decoded one by one with the base model's
+tokenizer. Without a tokenizer the messages are shown, sampled replies highlighted.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ def _step_rows(run: RunRecord) -> list[dict[str, Any]]:
         trajectories = [t for g in run.steps.get(key, []) for t in g.trajectories]
         rewards = _stats([t.reward for t in trajectories])
         success = [t.metrics["success"] for t in trajectories if "success" in t.metrics]
-        record = records.get(step, {})
+        record = records.get(key, {})
         rows.append(
             {
                 "step": step,
@@ -221,6 +222,23 @@ def _charts(
         axes.legend(fontsize=8)
         charts.append(("Evaluations", _png(figure)))
         plt.close(figure)
+    measured = [r for r in rows if "mismatch_abs_mean" in r["record"]]
+    if measured:
+        steps = [r["step"] for r in measured]
+        figure, axes = plt.subplots(figsize=(6.4, 3.4))
+        for key, label in (
+            ("mismatch_abs_mean", "mean |Δ log-prob|"),
+            ("mismatch_kl_k3", "KL(sampler‖trainer), k3"),
+            ("mismatch_beyond_fraction", "share of tokens beyond the threshold"),
+        ):
+            axes.plot(steps, [r["record"].get(key) for r in measured], marker="o", label=label)
+        axes.set_xlabel("training step")
+        axes.set_title("Sampler/trainer mismatch on the trained tokens")
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=8)
+        charts.append(("Mismatch", _png(figure)))
+        plt.close(figure)
     return charts
 
 
@@ -253,19 +271,28 @@ def _tokenizer(run: RunRecord, override: str | os.PathLike[str] | None) -> Any:
 def _token_html(trajectory: Trajectory, tokenizer: Any, advantage: float) -> str:
     from rlcoach.trainer.sequences import build_sequences
 
-    try:
-        sequences = build_sequences(trajectory, advantage)
+    try:  # forced tokens kept in view (train_forced), told apart by their forced mask
+        sequences = build_sequences(trajectory, advantage, train_forced=True)
     except Exception as e:  # a trajectory with nothing sampled
         return f'<p class="note">no sampled tokens ({html.escape(str(e)[:200])})</p>'
     parts = []
     for number, sequence in enumerate(sequences):
         pieces = []
-        for token, trained in zip(sequence.token_ids, sequence.sampled_mask, strict=True):
+        forced_mask = sequence.forced_mask or [0] * len(sequence.token_ids)
+        for token, sampled, forced in zip(
+            sequence.token_ids, sequence.sampled_mask, forced_mask, strict=True
+        ):
             text = html.escape(tokenizer.decode([token]))
-            pieces.append(f'<span class="t">{text}</span>' if trained else text)
+            if forced:
+                pieces.append(f'<span class="f">{text}</span>')
+            else:
+                pieces.append(f'<span class="t">{text}</span>' if sampled else text)
+        forced_count = sum(forced_mask)
+        trained = sequence.sampled_tokens - forced_count
+        note = f", {forced_count} forced (not trained)" if forced_count else ""
         parts.append(
             f'<div class="seq-head">sequence {number + 1}: {len(sequence.token_ids)} '
-            f"tokens, {sequence.sampled_tokens} trained</div>"
+            f"tokens, {trained} trained{note}</div>"
             f'<pre class="tokens">{"".join(pieces)}</pre>'
         )
     return "".join(parts)
@@ -310,6 +337,9 @@ def _table(rows: list[dict[str, Any]]) -> str:
         "loss",
         "KL",
         "grad norm",
+        "mismatch |Δ| mean/max",
+        "mismatch KL",
+        "beyond",
         "tokens trained/total",
         "train s",
         "step s",
@@ -326,6 +356,11 @@ def _table(rows: list[dict[str, Any]]) -> str:
             else "-"
         )
         publish = record.get("publish_seconds")
+        mismatch = (
+            f"{record['mismatch_abs_mean']:.4f}/{record['mismatch_abs_max']:.3f}"
+            if "mismatch_abs_mean" in record
+            else None
+        )
         cells = [
             (row["label"], 0),
             (row["event"], 0),
@@ -337,6 +372,9 @@ def _table(rows: list[dict[str, Any]]) -> str:
             (record.get("loss"), 4),
             (record.get("kl"), 4),
             (record.get("grad_norm"), 3),
+            (mismatch, 0),
+            (record.get("mismatch_kl_k3"), 5),
+            (record.get("mismatch_beyond_fraction"), 3),
             (tokens, 0),
             (record.get("seconds"), 1),
             (record.get("step_seconds"), 1),
@@ -460,6 +498,7 @@ details.traj{border:1px solid #ddd;border-radius:6px;margin:6px 0;padding:4px 8p
 details.traj summary{cursor:pointer;font-size:13px}
 pre.tokens{white-space:pre-wrap;font-size:12px;background:#fafafa;padding:8px;border-radius:4px}
 span.t{background:#ffe58a;border-bottom:2px solid #e0a800}
+span.f{color:#999;background:#eee;text-decoration:line-through}
 .msg{font-size:12px;white-space:pre-wrap;margin:2px 0;padding:2px 4px}.msg.t{background:#ffe58a}
 .judge{background:#eef6ff;padding:4px 8px;border-radius:4px;font-size:13px}
 .logs{font-size:12px;color:#444} li.err{color:#b00} .note{color:#888;font-size:12px}
@@ -495,7 +534,10 @@ last · run folder <code>{html.escape(str(run.dir))}</code></p>
 {evals_html}
 <h2>Trajectories</h2><p class="legend sub">The best and the worst attempt of each group.
 Token view: <span class="t">highlighted</span> tokens were sampled by the policy and are the
-ones trained on (weighted by the advantage); the rest is context.</p>
+ones trained on (weighted by the advantage); <span class="f">struck-through</span> tokens were
+forced by a sampling constraint (a JSON schema, a forced tool call) and are not trained; the
+rest is context. The mismatch columns compare the trainer's log-probs of the trained tokens
+with the sampler's (vLLM's) at the weights that sampled them.</p>
 {steps_html}
 <script>window.addEventListener("load",()=>{{const i=[...document.images];
 document.body.dataset.charts=i.filter(x=>x.complete&&x.naturalWidth>0).length;}});</script>

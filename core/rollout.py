@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rlcoach.recording import assemble_histories
-from rlcoach.types import Scalar, Trajectory
+from rlcoach.types import Message, Scalar, Trajectory
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
@@ -94,11 +94,16 @@ class Rollout:
         self.trajectory.finished_at = time.time()
         await self.collect()
 
+    def final_messages(self) -> list[Message] | None:
+        """The conversation the app ended with, when it reported one (see recording.py:
+        it decides which history is the main one); None here."""
+        return None
+
     async def collect(self) -> Trajectory:
         """Move the exchanges recorded so far into the trajectory."""
         exchanges = await self._source.take_exchanges(self.trajectory.id)
         if exchanges:
-            main, others = assemble_histories(exchanges)
+            main, others = assemble_histories(exchanges, self.final_messages())
             t = self.trajectory
             t.messages, t.tools = main.messages, main.tools
             t.choices = [*t.choices, *main.choices]

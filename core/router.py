@@ -137,6 +137,15 @@ class Router:
         logger.info("published %s in %.0f ms", served, held * 1000)
         return held
 
+    def withdraw(self, model: str, step: int, previous: int) -> None:
+        """Undo `publish(model, step, ...)`: a step that failed after its publish never
+        happened, so `model` means `model@previous` again and `model@step` is not served
+        (requests running on it finish; its adapter is the first to be evicted, and a
+        later publish of the same step loads the new one in its place)."""
+        if self.latest.get(model) == step:
+            self.latest[model] = previous
+        self.checkpoints.pop(f"{model}@{step}", None)
+
     def forget(self, served: str) -> None:
         """Stop serving `served` (its checkpoint is being deleted); never a model's latest.
         Requests running on it finish; the engine drops it when its slot is next needed."""
@@ -194,3 +203,16 @@ class Router:
                 ) from e
         await self.engine.unload_adapter(victim)
         self._loaded.pop(victim, None)
+
+    async def hold_requests(self) -> None:
+        """Hold new requests, as a publish does, until `open_requests` or the end of the
+        next publish (colocation.py: while the engine sleeps)."""
+        self._swap_done.clear()
+
+    async def open_requests(self) -> None:
+        self._swap_done.set()
+
+    async def wait_idle(self) -> None:
+        """Return once no request is running on any adapter or the base model."""
+        async with self._idle:
+            await self._idle.wait_for(lambda: not any(self._inflight.values()))

@@ -446,16 +446,18 @@ class PolicyServer:
         finally:
             self._waiting -= 1
         self._active += 1
+        streaming = False
         try:
             headers = {"content-type": "application/json"}
             rollout = request.headers.get(ROLLOUT_HEADER)
             if rollout:
                 headers[ROLLOUT_HEADER] = rollout
             assert self._upstream is not None
+            sent = self._upstream.build_request(
+                "POST", "/v1/chat/completions", content=body, headers=headers
+            )
             try:
-                upstream = await self._upstream.post(
-                    "/v1/chat/completions", content=body, headers=headers
-                )
+                upstream = await self._upstream.send(sent, stream=True)
             except httpx.HTTPError as e:
                 raise _Refusal(
                     503,
@@ -465,13 +467,30 @@ class PolicyServer:
                 ) from e
             self.counters[f"chat_{upstream.status_code}"] += 1
             out = {k: v for k, v in upstream.headers.items() if k.lower() == "retry-after"}
+            media_type = upstream.headers.get("content-type")
+            if upstream.status_code == 200 and "text/event-stream" in (media_type or ""):
+                # Token by token: relay each event as it comes; the slot is held until the
+                # stream ends.
+                streaming = True
+                return StreamingResponse(self._relay(upstream), media_type=media_type)
+            try:
+                content = await upstream.aread()
+            finally:
+                await upstream.aclose()
             return Response(
-                upstream.content,
-                status_code=upstream.status_code,
-                headers=out,
-                media_type=upstream.headers.get("content-type"),
+                content, status_code=upstream.status_code, headers=out, media_type=media_type
             )
         finally:
+            if not streaming:
+                self._active -= 1
+                self._slots.release()
+
+    async def _relay(self, upstream: httpx.Response) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in upstream.aiter_raw():
+                yield chunk
+        finally:
+            await upstream.aclose()
             self._active -= 1
             self._slots.release()
 

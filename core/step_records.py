@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from rlcoach.backend import STEP_RECORD, StepResult
-from rlcoach.paths import RunPaths
+from rlcoach.paths import RunPaths, is_checkpoint
 from rlcoach.wire import CheckpointInfo, StepResultWire
 
 __all__ = ["finished_step", "list_checkpoints", "step_result_wire"]
@@ -25,6 +25,8 @@ def step_result_wire(result: StepResult, root: Path, kind: str = "rl") -> StepRe
         checkpoint=checkpoint,
         publish_seconds=result.publish_seconds,
         save_seconds=result.save_seconds,
+        staleness=result.staleness.as_dict() if result.staleness is not None else None,
+        timings=dict(result.timings),
     )
 
 
@@ -38,8 +40,8 @@ def finished_step(paths: RunPaths, request_id: str, root: Path) -> StepResultWir
         return None
     for folder in paths.checkpoints.iterdir():
         record_file = folder / STEP_RECORD
-        if not folder.name.isdigit() or not record_file.is_file():
-            continue
+        if not is_checkpoint(folder) or not record_file.is_file():
+            continue  # a step that never committed did not happen
         record = json.loads(record_file.read_text(encoding="utf-8"))
         if record.get("request_id") == request_id:
             return StepResultWire(
@@ -56,7 +58,7 @@ def list_checkpoints(paths: RunPaths, root: Path) -> list[CheckpointInfo]:
     found = []
     if paths.checkpoints.is_dir():
         for folder in sorted(paths.checkpoints.iterdir()):
-            if folder.name.isdigit() and (folder / "adapter_config.json").is_file():
+            if is_checkpoint(folder):
                 size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
                 found.append(
                     CheckpointInfo(

@@ -72,6 +72,7 @@ __all__ = [
     "Verdict",
     "is_tool_error",
     "load_groups",
+    "policy_version_of",
     "save_groups",
     "tool_message",
 ]
@@ -119,6 +120,18 @@ TIMING_KEY = "rlcoach_timing"
 """Where the policy endpoint puts a recorded response's timing (`started_at`, `latency_s`);
 only recorded copies carry it, never what the client receives."""
 
+CHOICE_KEY = "rlcoach"
+"""Where the policy endpoint puts what it learned about a recorded choice (`forced`
+positions, the `constraint`); only recorded copies carry it."""
+
+
+def policy_version_of(served_name: object) -> int | None:
+    """The step of a served name `name@step` (None for a name without `@<digits>`)."""
+    if not isinstance(served_name, str):
+        return None
+    _, at, step = served_name.rpartition("@")
+    return int(step) if at and step.isdigit() else None
+
 
 class SampledChoice(BaseModel):
     """One completion the policy sampled, with the exact tokens behind it."""
@@ -136,15 +149,39 @@ class SampledChoice(BaseModel):
     token_ids: list[int]
     """The sampled token ids, end-of-turn token included when the engine sampled it."""
     logprobs: list[float]
-    """The engine's log-probability of each sampled token (the behaviour policy); NaN
-    only in a client-built reply the trainer rendered, where none was recorded."""
+    """The engine's log-probability of each sampled token (the behaviour policy), from
+    the model's own distribution: under a sampling constraint, the unconstrained one. NaN
+    only in a client-built reply the trainer rendered (`policy == "client"`), where none
+    was recorded; the trainer's own detached log-probs stand in for those (objective.py)."""
+    forced: list[int] = Field(default_factory=list)
+    """Positions in `token_ids` that a sampling constraint forced (the only token it
+    allowed): recorded and shown, never trained (see docs/capture.md)."""
+    constraint: str | None = None
+    """What constrained sampling (`json_schema`, `json_object`, `regex`, `choice`,
+    `grammar`, `structural_tag`, `tool_choice=required`, `tool_choice=<name>`), or None
+    when the policy sampled freely."""
     policy: str
     """The served name that sampled it, `name@step` (or the base model's name; `client`
     for a reply rendered from a client-built trajectory)."""
+    policy_version: int | None = None
+    """The policy version (training step) that sampled it: the `step` of `name@step`;
+    None for a name without one (the base model's own name, a model served elsewhere,
+    `client`). Filled from `policy` when not given, so files written before it existed
+    load the same. The trainer drops samples more than `TrainConfig.max_staleness`
+    versions older than the model being trained (staleness.py)."""
     started_at: float | None = None
     """Unix time the policy endpoint received the request (None if not recorded)."""
     latency_s: float | None = None
     """Seconds the engine took to answer it (None if not recorded)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _version_from_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("policy_version") is None:
+            version = policy_version_of(data.get("policy"))
+            if version is not None:
+                data = {**data, "policy_version": version}
+        return data
 
     @model_validator(mode="after")
     def _lengths_agree(self) -> SampledChoice:
@@ -153,6 +190,11 @@ class SampledChoice(BaseModel):
                 f"a sampled choice has {len(self.token_ids)} token ids but "
                 f"{len(self.logprobs)} logprobs; they must pair one to one — record the "
                 "choice through the policy endpoint, which returns both"
+            )
+        if any(not 0 <= index < len(self.token_ids) for index in self.forced):
+            raise ValueError(
+                f"a sampled choice marks positions {self.forced} as forced but has "
+                f"{len(self.token_ids)} tokens; forced positions index `token_ids`"
             )
         return self
 
@@ -178,12 +220,15 @@ def choice_from_response_json(choice: dict[str, Any], response: dict[str, Any]) 
     message = {k: v for k, v in (choice.get("message") or {}).items() if v is not None}
     message.setdefault("role", "assistant")
     timing = response.get(TIMING_KEY) or {}
+    recorded = choice.get(CHOICE_KEY) or {}
     return SampledChoice(
         message=message,
         finish_reason=choice.get("finish_reason"),
         prompt_token_ids=list(prompt_ids),
         token_ids=list(token_ids),
         logprobs=[float(entry["logprob"]) for entry in content],
+        forced=list(recorded.get("forced") or []),
+        constraint=recorded.get("constraint"),
         policy=str(response.get("model", "")),
         started_at=timing.get("started_at"),
         latency_s=timing.get("latency_s"),
@@ -331,6 +376,14 @@ class Trajectory(BaseModel):
         """The served names that sampled this trajectory's choices (usually one)."""
         names = {c.policy for h in self.histories() for c in h.choices}
         return sorted(names)
+
+    @property
+    def policy_version(self) -> int | None:
+        """The oldest policy version among its choices (a multi-turn rollout that spans a
+        publish is as stale as its first call); None when no choice carries a version."""
+        versions = [c.policy_version for h in self.histories() for c in h.choices]
+        known = [v for v in versions if v is not None]
+        return min(known) if known else None
 
     def sampled_token_count(self) -> int:
         return sum(len(c.token_ids) for h in self.histories() for c in h.choices)

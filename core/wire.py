@@ -153,6 +153,11 @@ class StepResultWire(_Wire):
     """The checkpoint folder relative to the server's root; None when nothing trained."""
     publish_seconds: float = 0.0
     save_seconds: float = 0.0
+    staleness: dict[str, float | int] | None = None
+    """What the staleness bound dropped (`rlcoach.staleness.Staleness` fields); None
+    for SFT."""
+    timings: dict[str, float] = Field(default_factory=dict)
+    """Phases beside training (`sleep_seconds`, `wake_seconds` of a sleeping engine)."""
     replayed: bool = False
     """True when this answers a retried request id that was already trained."""
 

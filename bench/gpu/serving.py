@@ -11,8 +11,11 @@ on one GPU) serves a model folder (bench/gpu/shapes.py writes random-weight ones
 2. Rollout throughput: `--requests` concurrent chat completions of `--max-tokens` tokens
    (`ignore_eos`) each, sent to the vLLM server directly and through the gateway, with
    the base weights and with the trained LoRA; the direct requests ask for the same
-   logprobs and token ids the gateway adds. Modes alternate in each round and the median
-   of `--rounds` rounds is printed, with the gateway/direct ratio.
+   logprobs and token ids the gateway adds, and the gateway's carry the rollout header
+   (recorded, as in training). The load comes from a process of its own
+   (bench/gateway_overhead.py's load generator), not from this one, where it would
+   compete with the gateway's thread. Modes alternate in each round and the median of
+   `--rounds` rounds is printed, with the gateway/direct ratio.
 
   python bench/gpu/serving.py --model /tmp/m4b --requests 256 --max-tokens 512
 """
@@ -22,8 +25,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -34,33 +40,20 @@ import httpx
 from rlcoach import LocalBackend, TrainableModel
 from rlcoach.types import SampledChoice, Trajectory, TrajectoryGroup
 
-WORDS = [
-    "robot",
-    "river",
-    "garden",
-    "lantern",
-    "copper",
-    "violet",
-    "engine",
-    "summer",
-    "marble",
-    "harbor",
-    "thunder",
-    "pepper",
-    "canyon",
-    "meadow",
-    "silver",
-    "falcon",
-]
+LOADGEN = Path(__file__).resolve().parents[1] / "gateway_overhead.py"
 
 
-def _groups(prompt_tokens: int, sampled: int, vocab: int, seed: int) -> list[TrajectoryGroup]:
+def _groups(
+    prompt_tokens: int, sampled: int, vocab: int, seed: int, policy: str
+) -> list[TrajectoryGroup]:
+    """A batch as `policy` (the model's current `name@step`) would have sampled it: older
+    versions would be dropped as stale (TrainConfig.max_staleness)."""
     rng = random.Random(seed)
     trajectories = []
     for reward in (0.0, 1.0):
         choice = SampledChoice(
             message={"role": "assistant", "content": ""},
-            policy="bench@0",
+            policy=policy,
             prompt_token_ids=[rng.randrange(100, vocab) for _ in range(prompt_tokens)],
             token_ids=[rng.randrange(100, vocab) for _ in range(sampled)],
             logprobs=[-10.0] * sampled,
@@ -69,32 +62,40 @@ def _groups(prompt_tokens: int, sampled: int, vocab: int, seed: int) -> list[Tra
     return [TrajectoryGroup(trajectories=trajectories)]
 
 
-async def _load(
-    http: httpx.AsyncClient, url: str, model: str, args: argparse.Namespace, direct: bool
+def _load(
+    url: str, model: str, args: argparse.Namespace, record: bool, env: dict[str, str] | None = None
 ) -> tuple[float, int]:
-    rng = random.Random(0)
-    bodies = []
-    for _ in range(args.requests):
-        text = " ".join(rng.choice(WORDS) for _ in range(args.prompt_words))
-        body = {
-            "model": model,
-            "messages": [{"role": "user", "content": text}],
-            "max_tokens": args.max_tokens,
-            "temperature": 1.0,
-            "ignore_eos": True,
-        }
-        if direct:  # what the gateway adds, so both paths do the same work
-            body.update(logprobs=True, return_token_ids=True)
-        bodies.append(body)
-
-    async def one(body: dict) -> int:
-        response = await http.post(url + "/v1/chat/completions", json=body)
-        response.raise_for_status()
-        return int(response.json()["usage"]["completion_tokens"])
-
-    started = time.perf_counter()
-    tokens = await asyncio.gather(*(one(b) for b in bodies))
-    return time.perf_counter() - started, sum(tokens)
+    """`--requests` concurrent chat completions of `--max-tokens` tokens (`ignore_eos`),
+    sent by the load generator of bench/gateway_overhead.py in a process of its own (in
+    this process it would compete with the gateway's thread for the interpreter lock);
+    every body asks for the logprobs and token ids the gateway adds. Returns (seconds,
+    completion tokens)."""
+    command = [
+        sys.executable,
+        str(LOADGEN),
+        "loadgen",
+        "--url",
+        url,
+        "--model",
+        model,
+        "--concurrency",
+        str(args.requests),
+        "--count",
+        str(args.requests),
+        "--tokens",
+        str(args.max_tokens),
+        "--hold-s",
+        "0",
+        "--ignore-eos",
+        "--prompt-words",
+        str(args.prompt_words),
+    ] + (["--record"] if record else [])
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=env)
+    lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+    if not lines:
+        raise RuntimeError(f"the load generator failed:\n{done.stderr[-2000:]}")
+    result = json.loads(lines[-1][len("RESULT ") :])
+    return result["seconds"], int(result["answers"]) * args.max_tokens
 
 
 async def _publish_once(
@@ -169,7 +170,9 @@ async def main(args: argparse.Namespace) -> None:
         async with httpx.AsyncClient(timeout=1800, limits=limits) as http:
             publishes = []
             for index in range(args.publishes + 1):
-                groups = _groups(args.train_prompt, args.train_sampled, vocab, index)
+                groups = _groups(
+                    args.train_prompt, args.train_sampled, vocab, index, model.served_name
+                )
                 try:
                     publishes.append(await _publish_once(backend, model, http, groups))
                 except Exception:  # the throughput part still runs
@@ -192,18 +195,29 @@ async def main(args: argparse.Namespace) -> None:
                     ("gateway, LoRA", backend.url, model.name, False),
                 ]
             warm = argparse.Namespace(**{**vars(args), "requests": 8})
-            await _load(http, engine_url, backend.engine.base_name, warm, True)
+            key = {**os.environ, "RLCOACH_BENCH_ENGINE_KEY": backend.engine._key}  # direct calls
+            await asyncio.to_thread(_load, engine_url, backend.engine.base_name, warm, False, key)
             runs: dict[str, list[float]] = {name: [] for name, *_ in modes}
+            cpus: dict[str, list[float]] = {}
             for round_index in range(args.rounds):
                 for name, url, served, direct in modes:
+                    before = os.times()
                     try:
-                        seconds, tokens = await _load(http, url, served, args, direct)
+                        seconds, tokens = await asyncio.to_thread(
+                            _load, url, served, args, not direct, key if direct else None
+                        )
                     except Exception:
                         traceback.print_exc()
                         continue
+                    after = os.times()
+                    # This process holds the gateway (its thread) and the engine client, not
+                    # the load (a child) nor vLLM (a subprocess): its CPU is the endpoint's.
+                    cpu = (after.user - before.user) + (after.system - before.system)
                     runs[name].append(tokens / seconds)
+                    cpus.setdefault(name, []).append(cpu / seconds)
                     print(
-                        f"round {round_index} {name}: {tokens} tokens in {seconds:.2f} s",
+                        f"round {round_index} {name}: {tokens} tokens in {seconds:.2f} s; "
+                        f"this process's CPU {cpu:.2f} s ({cpu / seconds:.0%} of one core)",
                         flush=True,
                     )
     timed = publishes[1:]
@@ -216,7 +230,9 @@ async def main(args: argparse.Namespace) -> None:
         kind = "base" if "base" in name else "LoRA"
         peer = median.get(f"vLLM direct, {kind}")
         ratio = f"{value / peer:.3f} of vLLM direct, {kind}" if peer else ""
-        print(f"  {name:20} {value:9.0f} tok/s   {ratio}")
+        cpu = statistics.median(cpus[name]) if cpus.get(name) else None
+        busy = f"   endpoint process CPU {cpu:.0%} of one core" if cpu is not None else ""
+        print(f"  {name:20} {value:9.0f} tok/s   {ratio}{busy}")
     if "vLLM direct, LoRA" in median and "vLLM direct, base" in median:
         lora_cost = median["vLLM direct, LoRA"] / median["vLLM direct, base"]
         print(f"  LoRA / base (direct): {lora_cost:.3f}")

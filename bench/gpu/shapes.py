@@ -51,8 +51,30 @@ SHAPES: dict[str, dict[str, int]] = {
         head_dim=128,
         vocab_size=151936,
     ),
+    "14b": dict(
+        hidden_size=5120,
+        intermediate_size=17408,
+        num_hidden_layers=40,
+        num_attention_heads=40,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+    ),
+    "32b": dict(
+        hidden_size=5120,
+        intermediate_size=25600,
+        num_hidden_layers=64,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+    ),
 }
-"""Qwen3-0.6B/4B/8B shapes (hidden, layers, heads as published); 8B unties embeddings."""
+"""Qwen3-0.6B/4B/8B/14B/32B shapes (hidden, layers, heads as published); 8B and larger
+untie the embeddings (`TIED`)."""
+
+TIED = {"tiny", "0.6b", "4b"}
+"""Shapes whose output projection shares the embedding matrix."""
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -79,7 +101,7 @@ def make_model(
     started = time.perf_counter()
     config = Qwen3Config(
         max_position_embeddings=max_len,
-        tie_word_embeddings=size != "8b",
+        tie_word_embeddings=size in TIED,
         torch_dtype="bfloat16",
         **SHAPES[size],
     )

@@ -1,9 +1,10 @@
 """An inference engine in a process of its own: started, watched, killed and started again.
 
 vLLM runs this way, and so can the transformers engine (`transformers_process.py`). The
-engine is an HTTP server speaking vLLM's API (`/health`, `/v1/chat/completions`,
-`/v1/load_lora_adapter`, `/v1/unload_lora_adapter`); this class starts it, talks to it
-and answers the supervisor's `exit_code()` and `restart()` (supervisor.py).
+engine is an HTTP server speaking vLLM's API (`/health`, `/v1/chat/completions`, streamed
+or not, `/v1/completions` for prompt log-probs, `/detokenize`, `/v1/load_lora_adapter`,
+`/v1/unload_lora_adapter`); this class starts it, talks to it and answers the
+supervisor's `exit_code()` and `restart()` (supervisor.py).
 
 Choices, and why:
 - The server listens on a Unix socket in a folder that only this user may enter (made by
@@ -20,6 +21,8 @@ Choices, and why:
   `rlcoach serve` leaves no engine behind.
 - A start that times out kills what it started but keeps the client, so the supervisor's
   next `restart()` can succeed.
+- The client is `EngineHTTP` (http.py: aiohttp where installed), and `chat_bytes` hands
+  the gateway the engine's answer as bytes: every rollout's call crosses this hop.
 """
 
 from __future__ import annotations
@@ -33,13 +36,19 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from rlcoach import fastjson
 from rlcoach.config import EngineConfig
 from rlcoach.engines.base import EngineHTTPError
+from rlcoach.engines.http import (
+    EngineConnectionError,
+    EngineHTTP,
+    EngineResponse,
+    EngineStatusError,
+)
 from rlcoach.errors import ConfigError, EngineError, EngineStartError
 from rlcoach.processes import kill_group, log_tail, parent_death_signal, watch_group
 
@@ -58,9 +67,11 @@ def child_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _error_body(response: httpx.Response) -> dict[str, Any]:
+def _error_body(response: Any) -> dict[str, Any]:
     """The engine's refusal as an OpenAI-shaped body, whatever it sent (vLLM answers some
-    errors as plain text or as `{"error": "Unauthorized"}`)."""
+    errors as plain text or as `{"error": "Unauthorized"}`). `response` is an
+    `EngineResponse` (or anything with its `status_code`, `json()`, `text` and
+    `reason_phrase`)."""
     try:
         data = response.json()
     except ValueError:
@@ -93,7 +104,7 @@ class EngineProcess:
         self._key = ""
         self._process: subprocess.Popen[bytes] | None = None
         self._reaper: subprocess.Popen[bytes] | None = None
-        self._client: httpx.AsyncClient | None = None
+        self._client: EngineHTTP | None = None
 
     # -- for subclasses ------------------------------------------------------------------
 
@@ -143,19 +154,14 @@ class EngineProcess:
             # Closing waits for nothing here: its connections went with the old process.
             task = asyncio.get_running_loop().create_task(old.aclose())
             task.add_done_callback(lambda t: t.exception())
-        transport = httpx.AsyncHTTPTransport(
+        # Idle connections are dropped well before the server's 5 s keep-alive closes
+        # them: reusing one the server closes at that moment fails the request.
+        self._client = EngineHTTP(
+            "http://engine",
             uds=str(self.socket_path),
-            # Idle connections are dropped well before the server's 5 s keep-alive closes
-            # them: reusing one the server closes at that moment fails the request.
-            limits=httpx.Limits(
-                max_connections=1024, max_keepalive_connections=256, keepalive_expiry=2.0
-            ),
-        )
-        self._client = httpx.AsyncClient(
-            transport=transport,
-            base_url="http://engine",
             headers={"Authorization": f"Bearer {self._key}"},
-            timeout=httpx.Timeout(self.config.request_timeout_s),
+            timeout_s=self.config.request_timeout_s,
+            keepalive_s=2.0,
         )
 
     async def _launch(self) -> None:
@@ -221,34 +227,85 @@ class EngineProcess:
         if self._client is None:
             return False
         try:
-            response = await self._client.get("/health", timeout=5.0)
-        except httpx.HTTPError:
+            response = await self._client.request("GET", "/health", timeout_s=5.0)
+        except EngineConnectionError:
             return False
         return response.status_code == 200
 
-    async def _post(self, path: str, payload: dict[str, Any]) -> httpx.Response:
+    async def _post(
+        self, path: str, payload: dict[str, Any] | None = None, **options: Any
+    ) -> EngineResponse:
         self._alive()
         assert self._client is not None
         try:
-            return await self._client.post(path, json=payload)
-        except httpx.HTTPError as e:
+            return await self._client.request("POST", path, json=payload, **options)
+        except EngineConnectionError as e:
             self._alive()  # a crash explains the failure better than the socket error
             raise EngineError(f"the {self.NAME} did not answer {path}: {e!r}") from e
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._chat_object(await self.chat_bytes(body))
+
+    async def chat_bytes(self, body: dict[str, Any]) -> bytes:
+        """The answer as the engine's JSON bytes (the gateway passes them on unparsed)."""
         response = await self._post("/v1/chat/completions", body)
         if response.status_code != 200:
             raise EngineHTTPError(response.status_code, _error_body(response))
+        return response.content
+
+    def _chat_object(self, raw: bytes) -> dict[str, Any]:
         try:
-            data = response.json()
+            data = fastjson.loads(raw)
         except ValueError as e:
             raise EngineError(
                 f"the {self.NAME} answered a chat completion with a body that is not JSON: "
-                f"{response.text[:200]!r}"
+                f"{raw[:200]!r}"
             ) from e
         if not isinstance(data, dict):
             raise EngineError(f"the {self.NAME} answered a chat completion with {data!r:.200}")
         return data
+
+    async def chat_stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        self._alive()
+        assert self._client is not None
+        try:
+            async for line in self._client.lines("POST", "/v1/chat/completions", json=body):
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                if data:
+                    yield fastjson.loads(data)
+        except EngineStatusError as e:
+            raise EngineHTTPError(e.response.status_code, _error_body(e.response)) from None
+        except EngineConnectionError as e:
+            self._alive()
+            raise EngineError(f"the {self.NAME} broke off a streamed chat: {e!r}") from e
+
+    async def token_logprobs(self, model: str, token_ids: list[int], start: int) -> list[float]:
+        # Prompt log-probs are computed from the raw logits: no grammar, no temperature.
+        payload = {
+            "model": model,
+            "prompt": token_ids,
+            "max_tokens": 1,
+            "prompt_logprobs": 0,
+            "temperature": 0.0,
+        }
+        response = await self._post("/v1/completions", payload)
+        if response.status_code != 200:
+            raise EngineHTTPError(response.status_code, _error_body(response))
+        positions = response.json()["choices"][0]["prompt_logprobs"]
+        values = []
+        for token, entry in zip(token_ids[start:], positions[start:], strict=True):
+            values.append(float(entry[str(token)]["logprob"]))
+        return values
+
+    async def detokenize(self, model: str, token_ids: list[int]) -> str:
+        response = await self._post("/detokenize", {"model": model, "tokens": token_ids})
+        if response.status_code != 200:
+            raise EngineHTTPError(response.status_code, _error_body(response))
+        return str(response.json()["prompt"])
 
     async def load_adapter(self, served_name: str, path: Path) -> None:
         payload = {"lora_name": served_name, "lora_path": str(path)}  # absolute: see LocalBackend

@@ -4,22 +4,27 @@ It exists for fast tests, for the smallest setups, and as the reference that vLL
 logprobs are checked against. Requests run one at a time in a worker thread (a lock
 serialises them; the CPU has no spare cores for two). The logprob of each sampled token
 is taken from the raw logits (temperature 1, no top-p), which is what vLLM reports by
-default and what the trainer recomputes.
+default and what the trainer recomputes. It has no constrained decoding (`response_format`
+and forced tool choices are not enforced) and streams a finished completion as chunk
+events, not token by token.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from rlcoach.chat_template import parse_tool_calls
 from rlcoach.engines.base import EngineHTTPError
 from rlcoach.hardware import fast_bf16
+from rlcoach.stream import completion_events
 
 __all__ = ["TransformersEngine"]
 
@@ -101,6 +106,41 @@ class TransformersEngine:
             )
         return await asyncio.to_thread(self._chat, body)
 
+    async def chat_stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        response = await self.chat({k: v for k, v in body.items() if k != "stream"})
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        for event in completion_events(response, include_usage):
+            data = event[len(b"data: ") :].strip()
+            if data != b"[DONE]":
+                yield json.loads(data)
+
+    async def token_logprobs(self, model: str, token_ids: list[int], start: int) -> list[float]:
+        def score() -> list[float]:
+            import torch
+
+            with self._lock:
+                self._select(model)
+                with torch.inference_mode():
+                    logits = self._model(torch.tensor([token_ids])).logits[0].float()
+            logprobs = torch.log_softmax(logits[:-1], dim=-1)
+            targets = torch.tensor(token_ids[1:])
+            values = logprobs.gather(-1, targets[:, None])[:, 0].tolist()
+            return values[start - 1 :] if start > 0 else [0.0, *values]
+
+        return await asyncio.to_thread(score)
+
+    async def detokenize(self, model: str, token_ids: list[int]) -> str:
+        return str(self._tokenizer.decode(token_ids))
+
+    def _select(self, model: str) -> None:
+        """Point the model at `model`'s adapter (or none for the base); hold the lock."""
+        if model == self.base_name:
+            if self._adapters:
+                self._model.disable_adapters()
+        else:
+            self._model.set_adapter(model)
+            self._model.enable_adapters()
+
     def _chat(self, body: dict[str, Any]) -> dict[str, Any]:
         import torch
 
@@ -133,12 +173,7 @@ class TransformersEngine:
         top_p = float(body.get("top_p") or 1.0)
         eos_id = self._tokenizer.eos_token_id
         with self._lock:
-            if body["model"] == self.base_name:
-                if self._adapters:
-                    self._model.disable_adapters()
-            else:
-                self._model.set_adapter(body["model"])
-                self._model.enable_adapters()
+            self._select(body["model"])
             if body.get("seed") is not None:
                 torch.manual_seed(int(body["seed"]))
             input_ids = torch.tensor([prompt_ids])

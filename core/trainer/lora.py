@@ -217,6 +217,9 @@ class LoraTrainer:
     def sum_over_ranks(self, values: list[float]) -> list[float]:
         return values
 
+    def max_over_ranks(self, values: list[float]) -> list[float]:
+        return values
+
     def step(self, groups: list[TrajectoryGroup], config: TrainConfig | None = None) -> StepStats:
         """Train on `groups`; returns stats (`trained=False` when no group had variance)."""
         return grpo_step(self, groups, config or self.config)

@@ -26,10 +26,29 @@ Loss (`policy_loss`)
 - `cispo`: `-sg(min(r, 1+eps_high)) * A * log pi` (MiniMax-M1): clips the importance
   weight, not the update, so every token keeps a gradient.
 - Behaviour log-probs missing (NaN: client-built replies without sampler log-probs,
-  trainer/render.py) are the current policy's own, detached (ratio 1), as ART does.
+  trainer/render.py) are the trainer's own at the sampling weights, detached (ratio 1 on
+  the first optimizer step), as ART does; they are replaced before the mismatch is
+  measured and left out of it.
 - KL: off by default (`kl_coef=0`, as in DAPO and Dr.GRPO). When on, the k3 estimator
   `exp(ref-new) - (ref-new) - 1` against the base model (adapter disabled) is added per
   token, inside the same normalisation, instead of into the reward.
+- Forced tokens (a sampling constraint left exactly one allowed token) are not in the
+  mask: the policy did not choose them (see sequences.py and docs/capture.md).
+
+Sampler/trainer mismatch (`sampler_mismatch`)
+- vLLM and the trainer compute the same weights' log-probs with different kernels, so
+  they disagree a little even on-policy. Each step measures it on the trained tokens at
+  the weights that sampled them: mean and max |trainer - sampler| log-prob, the k3
+  estimate of KL(sampler || trainer) (`exp(t-s) - (t-s) - 1`, unbiased for tokens drawn
+  from the sampler) and the share of tokens whose |difference| exceeds a threshold.
+
+Truncated importance sampling (`truncated_importance_weights`, `tis_cap`)
+- Off by default. On, it follows Yao et al., 2025 ("Your Efficient RL Framework Secretly
+  Brings You Off-Policy RL Training"): the PPO ratio is taken against the trainer's own
+  log-probs at the sampling weights (`trainer_old_logprobs_T`), and each token's loss is
+  multiplied by `min(pi_trainer / pi_sampler, cap)` (detached), which corrects for the
+  sampler being a slightly different distribution without letting a rare token whose
+  sampler probability is tiny blow the step up.
 """
 
 from __future__ import annotations
@@ -39,7 +58,16 @@ from typing import Literal
 
 import torch
 
-__all__ = ["LossTerms", "group_advantages", "loss_normalizer", "policy_loss"]
+__all__ = [
+    "LossTerms",
+    "MismatchTerms",
+    "group_advantages",
+    "loss_normalizer",
+    "mismatch_metrics",
+    "policy_loss",
+    "sampler_mismatch",
+    "truncated_importance_weights",
+]
 
 LossKind = Literal["grpo", "dr_grpo", "cispo"]
 
@@ -64,6 +92,19 @@ def loss_normalizer(kind: LossKind, sampled_tokens_S: list[int]) -> float:
 
 
 @dataclass(frozen=True, slots=True)
+class MismatchTerms:
+    """How far the trainer's log-probs are from the sampler's on one micro-batch's trained
+    tokens (sums and a max, so micro-batches and ranks combine exactly)."""
+
+    tokens: float
+    abs_sum: float
+    abs_max: float
+    k3_sum: float
+    beyond: float
+    """Tokens whose |trainer - sampler| log-prob exceeds the threshold."""
+
+
+@dataclass(frozen=True, slots=True)
 class LossTerms:
     """The loss of one micro-batch (already divided by the batch normalizer) and stats."""
 
@@ -71,6 +112,21 @@ class LossTerms:
     clipped_tokens: torch.Tensor
     kl_sum: torch.Tensor
     ratio_sum: torch.Tensor
+    mismatch: MismatchTerms
+    """The sampler/trainer mismatch on these tokens (meaningful before the first
+    optimizer step on the batch, when the trainer's weights are the sampling ones)."""
+
+
+def truncated_importance_weights(
+    trainer_logprobs_T: torch.Tensor, sampler_logprobs_T: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """`min(pi_trainer / pi_sampler, cap)` per token, detached (Yao et al., 2025).
+
+    Both log-probs are of the same sampled tokens at the weights that sampled them: the
+    trainer's recomputation and the engine's report. A weight above 1 means the trainer
+    finds the token likelier than the sampler did; the cap bounds the variance."""
+    log_weight_T = (trainer_logprobs_T - sampler_logprobs_T).detach()
+    return torch.clamp(torch.exp(log_weight_T), max=cap)
 
 
 def policy_loss(
@@ -85,15 +141,40 @@ def policy_loss(
     clip_high: float = 0.28,
     ref_logprobs_T: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    tis_cap: float | None = None,
+    trainer_old_logprobs_T: torch.Tensor | None = None,
+    mismatch_threshold: float = 0.2,
 ) -> LossTerms:
-    """Token-level loss over T tokens; `mask_T` is 1 on sampled tokens, 0 on context.
+    """Token-level loss over T tokens; `mask_T` is 1 on trained tokens, 0 elsewhere.
 
-    A NaN behaviour log-prob (a client-built reply without one, trainer/render.py) is
-    the current policy's own, detached: that token's ratio is 1."""
+    `old_logprobs_T` are the sampler's (the engine's) log-probs. With `tis_cap`, the
+    ratio is taken against `trainer_old_logprobs_T` (the trainer's log-probs at the
+    sampling weights; default: `new_logprobs_T` detached, right for the first optimizer
+    step on a batch) and each token is weighted by `truncated_importance_weights`.
+
+    A NaN sampler log-prob (a client-built reply without one, trainer/render.py) is
+    replaced by the trainer's own at the sampling weights, detached, before anything
+    else: that token's ratio starts at 1, its TIS weight is 1, and it is left out of the
+    mismatch statistics (there is no sampler value to compare with)."""
     mask_T = mask_T.to(new_logprobs_T.dtype)
-    old_logprobs_T = torch.where(
-        torch.isnan(old_logprobs_T), new_logprobs_T.detach(), old_logprobs_T
+    # The mismatch is of the weights that sampled: trainer_old when given, else new.
+    trainer_at_sampling_T = (
+        new_logprobs_T if trainer_old_logprobs_T is None else trainer_old_logprobs_T
     )
+    # No branch on the NaNs' presence: that would wait for the device on every row.
+    unknown_T = torch.isnan(old_logprobs_T)
+    old_logprobs_T = torch.where(unknown_T, trainer_at_sampling_T.detach(), old_logprobs_T)
+    measured_T = mask_T * (~unknown_T).to(mask_T.dtype)
+    mismatch = sampler_mismatch(
+        trainer_at_sampling_T, old_logprobs_T, measured_T, mismatch_threshold
+    )
+    tis_T = torch.ones_like(new_logprobs_T)
+    if tis_cap is not None:
+        trainer_old_T = (
+            new_logprobs_T.detach() if trainer_old_logprobs_T is None else trainer_old_logprobs_T
+        )
+        tis_T = truncated_importance_weights(trainer_old_T, old_logprobs_T, tis_cap)
+        old_logprobs_T = trainer_old_T
     log_ratio_T = (new_logprobs_T - old_logprobs_T) * mask_T
     ratio_T = torch.exp(log_ratio_T)
     if kind == "cispo":
@@ -105,6 +186,7 @@ def policy_loss(
         clipped_ratio_T = torch.clamp(ratio_T, 1.0 - clip_low, 1.0 + clip_high)
         per_token_T = -torch.minimum(unclipped_T, clipped_ratio_T * advantages_T)
         clipped_T = (clipped_ratio_T * advantages_T < unclipped_T).to(mask_T.dtype)
+    per_token_T = tis_T * per_token_T
     kl_T = torch.zeros_like(per_token_T)
     if ref_logprobs_T is not None and kl_coef > 0.0:
         delta_T = (ref_logprobs_T - new_logprobs_T) * mask_T
@@ -116,4 +198,45 @@ def policy_loss(
         clipped_tokens=(clipped_T * mask_T).sum().detach(),
         kl_sum=(kl_T * mask_T).sum().detach(),
         ratio_sum=(ratio_T * mask_T).sum().detach(),
+        mismatch=mismatch,
     )
+
+
+def sampler_mismatch(
+    trainer_logprobs_T: torch.Tensor,
+    sampler_logprobs_T: torch.Tensor,
+    mask_T: torch.Tensor,
+    threshold: float,
+) -> MismatchTerms:
+    """Sampler/trainer disagreement on the tokens where `mask_T` is 1 (no gradient)."""
+    with torch.no_grad():
+        keep_T = mask_T.bool()
+        delta_N = (trainer_logprobs_T.float() - sampler_logprobs_T.float())[keep_T]
+        if delta_N.numel() == 0:
+            return MismatchTerms(0.0, 0.0, 0.0, 0.0, 0.0)
+        k3_N = torch.exp(delta_N) - delta_N - 1.0
+        return MismatchTerms(
+            tokens=float(delta_N.numel()),
+            abs_sum=float(delta_N.abs().sum()),
+            abs_max=float(delta_N.abs().max()),
+            k3_sum=float(k3_N.sum()),
+            beyond=float((delta_N.abs() > threshold).sum()),
+        )
+
+
+def mismatch_metrics(terms: list[MismatchTerms]) -> dict[str, float]:
+    """A step's mismatch metrics from its micro-batches' terms (zeros when none)."""
+    tokens = sum(t.tokens for t in terms)
+    if tokens == 0:
+        return {
+            "mismatch_abs_mean": 0.0,
+            "mismatch_abs_max": 0.0,
+            "mismatch_kl_k3": 0.0,
+            "mismatch_beyond_fraction": 0.0,
+        }
+    return {
+        "mismatch_abs_mean": sum(t.abs_sum for t in terms) / tokens,
+        "mismatch_abs_max": max(t.abs_max for t in terms),
+        "mismatch_kl_k3": sum(t.k3_sum for t in terms) / tokens,
+        "mismatch_beyond_fraction": sum(t.beyond for t in terms) / tokens,
+    }

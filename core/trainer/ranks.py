@@ -128,6 +128,11 @@ class _RankTrainer:
     def sum_over_ranks(self, values: list[float]) -> list[float]:
         return self._reduce(values)
 
+    def max_over_ranks(self, values: list[float]) -> list[float]:
+        import torch.distributed as dist
+
+        return self._reduce(values, dist.ReduceOp.MAX)
+
     def _reduce(self, values: list[float], op: Any = None) -> list[float]:
         import torch.distributed as dist
 

@@ -15,8 +15,10 @@ messages, or logs — carries text. `render_groups` turns each such history into
   token (the template's newline after it is context) — re-tokenized;
 - the behaviour log-probs: the choice's, where its tokens line up with the reply's (token
   ids given, or each token's text equal to the decoded reply token); NaN elsewhere, which
-  the loss replaces with the current policy's own log-prob (objective.py), i.e. those
-  tokens are treated as sampled by the policy being trained.
+  only a choice whose `policy` is `client` may carry past the log-prob checks, and which
+  the loss replaces with the trainer's own detached log-prob at the sampling weights
+  before it measures the sampler mismatch, leaving those tokens out of that measure
+  (objective.py), i.e. those tokens are treated as sampled by the policy being trained.
 
 `RenderStats` counts both departures from the exact path (re-tokenized tokens, tokens
 without a sampler log-prob), and the step's metrics report them. What it costs: the

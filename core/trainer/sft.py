@@ -109,7 +109,8 @@ def sft_sequences(data: Iterable[Trajectory | ChatRecord], tokenizer: Any) -> li
     sequences: list[TrainSequence] = []
     for position, item in enumerate(data):
         if isinstance(item, Trajectory) and item.choices:
-            sequences += build_sequences(item, 1.0)
+            # Imitation learns the whole reply, constrained tokens included.
+            sequences += build_sequences(item, 1.0, train_forced=True)
         elif isinstance(item, Trajectory):
             record = ChatRecord(messages=item.messages, tools=item.tools)
             sequences += chat_sequences(record, tokenizer, item.id)

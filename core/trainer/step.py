@@ -14,8 +14,9 @@ A trainer hands the step what differs between one process and several (`StepPart
   runs all of them. A rank runs its share (dealt by token count) plus padding rows, two
   tokens with nothing sampled (zero loss, zero gradient), up to the most any rank has:
   FSDP hangs unless every rank runs as many forward and backward passes as the others.
-- `sum_over_ranks(values)`: the mini-batch's sums (loss, clipped tokens, KL, ratio)
-  over all processes: the values themselves in one process, an all-reduce across ranks.
+- `sum_over_ranks(values)`: the mini-batch's sums (loss, clipped tokens, KL, ratio, the
+  mismatch's sums) over all processes: the values themselves in one process, an
+  all-reduce across ranks; `max_over_ranks(values)` likewise for the largest mismatch.
   (Gradients need no hook: FSDP sums them across ranks itself, see ranks.py.)
 - `row_logprobs(row, use_adapter)`: one row's token log-probs under the trainer's
   autocast (hardware.py), through FSDP's root module in a rank.
@@ -23,6 +24,8 @@ A trainer hands the step what differs between one process and several (`StepPart
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from typing import Any, Protocol
 
@@ -31,7 +34,14 @@ import torch
 from rlcoach.config import TrainConfig
 from rlcoach.trainer.base import StepStats
 from rlcoach.trainer.checkpoint import is_sharded
-from rlcoach.trainer.objective import LossTerms, group_advantages, loss_normalizer, policy_loss
+from rlcoach.trainer.objective import (
+    LossTerms,
+    MismatchTerms,
+    group_advantages,
+    loss_normalizer,
+    mismatch_metrics,
+    policy_loss,
+)
 from rlcoach.trainer.sequences import PackedRow, TrainSequence, build_sequences
 from rlcoach.types import TrajectoryGroup
 
@@ -42,6 +52,8 @@ __all__ = [
     "row_loss_terms",
     "untrained_stats",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 class StepParts(Protocol):
@@ -60,6 +72,9 @@ class StepParts(Protocol):
 
     def sum_over_ranks(self, values: list[float]) -> list[float]:
         """`values` summed over every process taking part in the step."""
+
+    def max_over_ranks(self, values: list[float]) -> list[float]:
+        """The largest of each of `values` over every process taking part in the step."""
 
 
 def collect_sequences(
@@ -88,9 +103,11 @@ def collect_sequences(
     return sequences, skipped, trajectories
 
 
-def untrained_stats(groups: int, skipped: int, started: float) -> StepStats:
-    """The stats of a step that trained nothing: no group had reward variance."""
+def untrained_stats(groups: int, skipped: int, started: float, non_finite: int = 0) -> StepStats:
+    """The stats of a step that trained nothing: no group had reward variance, or the
+    loss or gradient norm of mini-batch `non_finite` was not finite."""
     return StepStats(
+        non_finite=non_finite,
         trained=False,
         groups=groups,
         groups_skipped_no_variance=skipped,
@@ -108,10 +125,15 @@ def untrained_stats(groups: int, skipped: int, started: float) -> StepStats:
 
 
 def row_loss_terms(
-    parts: StepParts, row: PackedRow, normalizer: float, config: TrainConfig
+    parts: StepParts,
+    row: PackedRow,
+    normalizer: float,
+    config: TrainConfig,
+    trainer_old_T: torch.Tensor | None = None,
 ) -> LossTerms:
     """The policy loss of one packed row under `parts.row_logprobs` (and its reference
-    pass, the adapter disabled, when the KL term is on)."""
+    pass, the adapter disabled, when the KL term is on). `trainer_old_T`: the trainer's
+    log-probs of the row at the sampling weights, when they are not the current ones."""
     device = parts.device
     ref = parts.row_logprobs(row, use_adapter=False) if config.kl_coef > 0 else None
     new_T = parts.row_logprobs(row)
@@ -126,6 +148,9 @@ def row_loss_terms(
         clip_high=config.clip_high,
         ref_logprobs_T=ref,
         kl_coef=config.kl_coef,
+        tis_cap=config.tis_cap,
+        trainer_old_logprobs_T=trainer_old_T,
+        mismatch_threshold=config.mismatch_threshold,
     )
 
 
@@ -134,8 +159,26 @@ def _as_float(norm: torch.Tensor) -> float:
     return float(norm.full_tensor() if is_sharded(norm) else norm)
 
 
+def _trainer_old_logprobs(
+    parts: StepParts, rows_by_part: list[list[PackedRow]]
+) -> list[list[torch.Tensor | None]]:
+    """The trainer's log-probs of every row of every mini-batch after the first, at the
+    sampling weights (before any optimizer step): what TIS weighs against and the
+    mismatch is measured on when the weights have moved (mini_batches > 1)."""
+    olds: list[list[torch.Tensor | None]] = [[None] * len(rows_by_part[0])]
+    with torch.no_grad():
+        for rows in rows_by_part[1:]:
+            olds.append([parts.row_logprobs(row).detach() for row in rows])
+    return olds
+
+
 def grpo_step(parts: StepParts, groups: list[TrajectoryGroup], c: TrainConfig) -> StepStats:
-    """One RL step on `groups`; stats with `trained=False` when no group had variance."""
+    """One RL step on `groups`; stats with `trained=False` when no group had variance.
+
+    The sampler/trainer mismatch is measured on the tokens trained at the sampling
+    weights: all of them with one mini-batch or with TIS (whose extra no-grad pass gives
+    the later mini-batches' trainer log-probs at those weights), else the first
+    mini-batch's."""
     for group in parts.optimizer.param_groups:
         group["lr"] = c.learning_rate
     started = time.perf_counter()
@@ -144,26 +187,48 @@ def grpo_step(parts: StepParts, groups: list[TrajectoryGroup], c: TrainConfig) -
         return untrained_stats(len(groups), skipped, started)
     params = [p for p in parts.model.parameters() if p.requires_grad]
     mini_batches = [sequences[i :: c.mini_batches] for i in range(c.mini_batches)]
+    mini_batches = [p for p in mini_batches if p]
     losses, norms = [], []
     clipped = kl = ratio = 0.0
+    mismatch: list[MismatchTerms] = []
     parts.model.train()
     try:
-        for part in (p for p in mini_batches if p):
+        rows_by_part = [parts.rows(part, c) for part in mini_batches]
+        olds: list[list[torch.Tensor | None]] = [[None] * len(rows) for rows in rows_by_part]
+        if c.tis_cap is not None and len(mini_batches) > 1:
+            olds = _trainer_old_logprobs(parts, rows_by_part)
+        for number, (part, rows) in enumerate(zip(mini_batches, rows_by_part, strict=True)):
             normalizer = loss_normalizer(c.loss, [s.sampled_tokens for s in part])
             parts.optimizer.zero_grad(set_to_none=True)
             sums = [0.0, 0.0, 0.0, 0.0]  # loss, clipped tokens, KL, ratio
-            for row in parts.rows(part, c):
-                terms = row_loss_terms(parts, row, normalizer, c)
+            for row, old in zip(rows, olds[number], strict=True):
+                terms = row_loss_terms(parts, row, normalizer, c, old)
                 terms.loss.backward()
                 for index, value in enumerate(
                     (terms.loss, terms.clipped_tokens, terms.kl_sum, terms.ratio_sum)
                 ):
                     sums[index] += float(value.detach())
-            norms.append(_as_float(torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm)))
-            parts.optimizer.step()
+                if number == 0 or old is not None:
+                    mismatch.append(terms.mismatch)
+            norm = _as_float(torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm))
+            # Summed over ranks before the update, so every rank sees the same values
+            # (the norm is global under FSDP) and all of them stop here together.
             part_loss, part_clipped, part_kl, part_ratio = parts.sum_over_ranks(sums)
+            if not (math.isfinite(part_loss) and math.isfinite(norm)):
+                parts.optimizer.zero_grad(set_to_none=True)
+                logger.warning(
+                    "mini-batch %d: loss %s, gradient norm %s; the step is skipped (no update "
+                    "from this mini-batch; nothing is saved or published)",
+                    number + 1,
+                    part_loss,
+                    norm,
+                )
+                return untrained_stats(len(groups), skipped, started, non_finite=number + 1)
+            parts.optimizer.step()
+            norms.append(norm)
             losses.append(part_loss)
             clipped, kl, ratio = clipped + part_clipped, kl + part_kl, ratio + part_ratio
+        measured = _over_ranks(parts, mismatch)
     finally:
         parts.model.eval()
     sampled = sum(s.sampled_tokens for s in sequences)
@@ -181,4 +246,19 @@ def grpo_step(parts: StepParts, groups: list[TrajectoryGroup], c: TrainConfig) -
         kl=kl / sampled,
         mean_ratio=ratio / sampled,
         seconds=time.perf_counter() - started,
+        **mismatch_metrics([measured]),
     )
+
+
+def _over_ranks(parts: StepParts, terms: list[MismatchTerms]) -> MismatchTerms:
+    """This process's mismatch terms combined with every other process's."""
+    tokens, abs_sum, k3_sum, beyond = parts.sum_over_ranks(
+        [
+            sum(t.tokens for t in terms),
+            sum(t.abs_sum for t in terms),
+            sum(t.k3_sum for t in terms),
+            sum(t.beyond for t in terms),
+        ]
+    )
+    [abs_max] = parts.max_over_ranks([max((t.abs_max for t in terms), default=0.0)])
+    return MismatchTerms(tokens, abs_sum, abs_max, k3_sum, beyond)

@@ -6,16 +6,19 @@
         scope.reward = judge(state)
 
 The calls are captured by the gateway (see `chat.py`); on exit the recorded exchanges
-become the trajectory: the conversation with the most policy calls is the main history,
-calls that do not extend it (sub-agents, summarisers, routers) are additional histories.
-What the gateway cannot see is what happened after the last policy call (tool results of
-a run cut off by `recursion_limit`, a final node's output), so `record_state` appends
-the graph's messages after the policy's last reply to the main history, as the graph
-produced them (tool errors included), and counts tool calls and tool errors. A tool
-message LangGraph marked as failed (`ToolMessage.status == "error"`, which the OpenAI
-request format drops) gets `"is_error": true` wherever the trajectory holds it, so the
-timeline, the sinks and the report count it. The trainer ignores those messages (it
-trains sampled tokens only); a RULER judge reads them.
+become the trajectory. The main history is the conversation the graph's final state
+continues — the one the user sees — so `record_state` decides it: the history sharing
+the most messages with the final state, never a router's structured-output exchange
+over a free conversation (rlcoach.recording states the rule; without `record_state`,
+the history of the last call). Calls that do not extend it (sub-agents, summarisers,
+routers) are additional histories. What the gateway cannot see is what happened after
+the last policy call (tool results of a run cut off by `recursion_limit`, a final
+node's output), so `record_state` also appends the graph's messages after the main
+history's last reply, as the graph produced them (tool errors included), and counts tool
+calls and tool errors. A tool message LangGraph marked as failed (`ToolMessage.status ==
+"error"`, which the OpenAI request format drops) gets `"is_error": true` wherever the
+trajectory holds it, so the timeline, the sinks and the report count it. The trainer
+ignores those messages (it trains sampled tokens only); a RULER judge reads them.
 """
 
 from __future__ import annotations
@@ -74,6 +77,9 @@ class GraphRollout(Rollout):
         self._failed_calls = {m.tool_call_id for m in failed if getattr(m, "tool_call_id", None)}
         self.metrics["tool_calls"] = float(calls)
         self.metrics["tool_errors"] = float(len(failed))
+
+    def final_messages(self) -> list[Message] | None:
+        return self._final or None
 
     async def collect(self) -> Trajectory:
         trajectory = await super().collect()

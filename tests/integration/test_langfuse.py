@@ -127,6 +127,8 @@ async def test_rollouts_become_trace_trees_with_scores(receiver, langfuse_env, s
             "grad_norm": 0.5,
             "step_seconds": 12.0,
             "publish_seconds": 0.08,
+            "mismatch_abs_mean": 0.03,
+            "mismatch_kl_k3": 0.001,
             **rollout_metrics([group]),
         },
     )
@@ -189,6 +191,8 @@ async def test_rollouts_become_trace_trees_with_scores(receiver, langfuse_env, s
     step_scores = receiver.scores_of(step[0].trace_id)
     assert step_scores["reward_mean"]["value"] == 0.5 and step_scores["loss"]["value"] == 0.12
     assert {"reward_std", "kl", "grad_norm", "step_seconds", "publish_seconds"} <= set(step_scores)
+    assert step_scores["mismatch_abs_mean"]["value"] == 0.03
+    assert step_scores["mismatch_kl_k3"]["value"] == 0.001
 
 
 def test_langfuse_stays_off_without_its_keys(tmp_path, monkeypatch):
@@ -269,3 +273,12 @@ def test_training_run_sends_a_trace_tree_for_every_rollout(receiver, tmp_path):
         )
     steps = [s for s in receiver.spans if s.name == "train-step"]
     assert len(steps) == len(records)
+    # the sampler/trainer mismatch of every trained step, on disk and in Langfuse
+    trained = [r for r in records if r.get("trained")]
+    assert trained
+    for record in trained:
+        assert 0.0 <= record["mismatch_abs_mean"] <= record["mismatch_abs_max"]
+        assert record["mismatch_kl_k3"] >= 0.0 and 0.0 <= record["mismatch_beyond_fraction"] <= 1
+        assert abs(record["mismatch_abs_mean"]) < 0.2, record  # the sampler and trainer agree
+    scored = [receiver.scores_of(s.trace_id) for s in steps]
+    assert sum("mismatch_abs_mean" in scores for scores in scored) == len(trained)

@@ -308,7 +308,11 @@ async def test_retries_and_fallbacks_are_captured(policy, vllm_backend):
         # the retry asks the same question again: a second history, not a continuation
         histories = trajectory.histories()
         assert len(histories) == 2 and all(len(h.choices) == 1 for h in histories)
-        assert [h.choices[0].message.get("content") or "" for h in histories] == seen[-2:]
+        # the main history is the answer the graph kept (the retry's), the rejected one next
+        assert [h.choices[0].message.get("content") or "" for h in histories] == [
+            seen[-1],
+            seen[-2],
+        ]
         assert_exact_tokens(trajectory)
         trajectories.append(trajectory)
     await assert_trains(vllm_backend, policy, trajectories)

@@ -102,7 +102,7 @@ async def test_unknown_step_is_an_openai_404_naming_the_fix(policy):
         ({"model": "calc", "messages": []}, "`messages` must be a non-empty list"),
         ({"model": "calc", "messages": [{"content": "x"}]}, "string `role`"),
         ({"messages": HELLO}, "`model` must be a non-empty string"),
-        ({"model": "calc", "messages": HELLO, "tool_choice": "required"}, "'auto' or 'none'"),
+        ({"model": "calc", "messages": HELLO, "tool_choice": "always"}, "'required', 'any'"),
         ({"model": "calc", "messages": HELLO, "n": 0}, "positive integer"),
     ],
 )

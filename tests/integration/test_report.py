@@ -60,6 +60,8 @@ def _attempt(tokenizer, answer: str, reward: float, tool: bool) -> Trajectory:
                 prompt_token_ids=list(ids),
                 token_ids=sampled,
                 logprobs=[-0.3] * len(sampled),
+                forced=[0, 1, 2, 3],  # as a forced tool choice records its envelope
+                constraint="tool_choice=required",
                 policy="agent@1",
                 started_at=100.0,
                 latency_s=0.4,
@@ -133,6 +135,10 @@ def run_dir(tmp_path_factory):
                 "seconds": 7.5,
                 "publish_seconds": 0.07,
                 "step_seconds": 8.1,
+                "mismatch_abs_mean": 0.01 * step,
+                "mismatch_abs_max": 0.25,
+                "mismatch_kl_k3": 2e-4,
+                "mismatch_beyond_fraction": 0.004,
                 **rollout_metrics(groups),
             },
         )
@@ -162,11 +168,14 @@ def test_report_renders_in_headless_chromium(run_dir, chromium, tmp_path):
     dom = subprocess.run(
         [*common, "--dump-dom", url], capture_output=True, text=True, timeout=120
     ).stdout
-    assert 'data-charts="2"' in dom  # both PNG charts decoded in the browser
+    assert 'data-charts="3"' in dom  # the three PNG charts decoded in the browser
     assert dom.count("<tr>") == 4  # the header and three steps
     assert dom.count('class="traj"') == 12  # best and worst of two groups, three steps
     assert dom.count('<span class="t">') > 100  # trained tokens highlighted
+    assert dom.count('<span class="f">') >= 4 * 6  # forced ones struck through (legend too)
     text = html.unescape(re.sub(r"<[^>]+>", "", dom))
+    assert "mismatch |Δ| mean/max" in text and "0.0300/0.250" in text  # step 3's row
+    assert "4 forced (not trained)" in text
     assert "correct sum" in text and "add(" in text and "<tool_call>" in text
     shot = run_dir / "report.png"
     subprocess.run(

@@ -33,6 +33,8 @@ from serve_process import KEY, ServeProcess
 from rlcoach import RemoteBackend, SampledChoice, TrainableModel, Trajectory, TrajectoryGroup
 from rlcoach.config import EngineConfig
 from rlcoach.errors import ConfigError, EngineStartError, RemoteError, TrainingDataError
+from rlcoach.failpoints import FOLDER_VARIABLE, arm
+from rlcoach.paths import UNCOMMITTED
 from rlcoach.processes import free_port
 from rlcoach.types import ChatRecord
 from rlcoach.wire import API_PREFIX, TrainRequest
@@ -75,17 +77,17 @@ def server(tmp_path_factory, tiny_model_path, certificate):
     if certificate is not None:
         extra += ["--ssl-certfile", str(certificate[0]), "--ssl-keyfile", str(certificate[1])]
         env, scheme = {"SSL_CERT_FILE": str(certificate[0])}, "https"
+    folder = tmp_path_factory.mktemp("faults")
+    # Failpoints (core/failpoints.py) of the server and its engine are armed by a file here.
+    server_env = {**env, FOLDER_VARIABLE: str(folder / "failpoints")}
     with pytest.MonkeyPatch.context() as patch:
         for name, value in env.items():  # httpx (and so RemoteBackend) trusts it
             patch.setenv(name, value)
         serve = ServeProcess(
-            tmp_path_factory.mktemp("faults") / "root",
-            "transformers-process",
-            *extra,
-            scheme=scheme,
-            env=env,
+            folder / "root", "transformers-process", *extra, scheme=scheme, env=server_env
         )
         serve.base_model = str(tiny_model_path)
+        serve.failpoints = folder / "failpoints"
         serve.start()
         yield serve
         serve.stop()
@@ -629,6 +631,115 @@ async def test_nan_is_never_trained_from_a_local_backend(tmp_path, tiny_model_pa
     with pytest.raises(TrainingDataError, match="log-prob inf"):
         await model.train(bad)
     assert not backend.paths(model).trajectories.exists()
+    await backend.close()
+
+
+async def _train_once(http: httpx.AsyncClient, body: str) -> dict:
+    """Upload one training request; its last event (retrying 429 and nothing else)."""
+    while True:
+        response = await http.post(f"{API_PREFIX}/train", content=body)
+        if response.status_code != 429:
+            return json.loads(response.text.splitlines()[-1])
+        await asyncio.sleep(0.2)
+
+
+async def test_a_publish_that_fails_leaves_no_step_and_the_retry_trains(server, fault_matrix):
+    """The engine refuses the new adapter (HTTP 400, as vLLM does for one it cannot load:
+    a failpoint in the engine process's load route), then dies while loading it."""
+    backend = RemoteBackend(server.url, KEY)
+    model = tiny(server, "refused", learning_rate=1e-3)
+    await model.register(backend)
+    request = TrainRequest(
+        request_id=uuid.uuid4().hex,
+        model={"name": "refused", "project": "faults", "base_model": model.base_model},
+        groups=await scored_groups(model),
+    )
+    body = request.model_dump_json()
+    arm(server.failpoints, "engine.load_adapter", "raise")
+    async with client(server) as http:
+        refused = await _train_once(http, body)
+        assert refused["event"] == "error" and not refused["retryable"], refused
+        assert "refused adapter 'refused@1'" in refused["error"]["message"]
+        # Wholly rolled back: nothing on disk, `refused` still means step 0.
+        assert checkpoints(server, "faults", "refused") == []
+        reply = await model.openai_client().chat.completions.create(
+            model="refused", messages=QUESTION, max_tokens=2
+        )
+        assert reply.model == "refused@0"
+        # The same request id again trains step 1 (before: answered "replayed" for a
+        # step that never became latest, and every later step failed).
+        retried = await _train_once(http, body)
+        assert retried["event"] == "result" and retried["result"]["step"] == 1
+        assert not retried["result"]["replayed"]
+        # The engine killed -9 while it loads step 2: retryable; the retry trains step 2.
+        arm(server.failpoints, "engine.load_adapter", "kill")
+        crashed = await _train_once(
+            http, body.replace(request.request_id, second := uuid.uuid4().hex)
+        )
+        assert crashed["event"] == "error" and crashed["retryable"], crashed
+        status, _ = await _wait_health(http, 60)
+        assert status == 200
+        again = await _train_once(http, body.replace(request.request_id, second))
+        assert again["event"] == "result" and again["result"]["step"] == 2
+    assert checkpoints(server, "faults", "refused") == ["000001", "000002"]
+    failed = server.root / "faults" / "refused" / "trajectories"
+    kept = sorted(p.name for p in failed.glob("*-failed*.jsonl"))
+    assert kept == ["000001-failed1.jsonl", "000002-failed1.jsonl"]
+    fault_matrix.record(
+        "the engine refuses the new adapter at publish (HTTP 400, e.g. one it cannot load)",
+        f"an `error` event, retryable=false: `{refused['error']['message'][:60]}…`; `name` "
+        "still answers from the previous step; the same request id sent again trains the "
+        "step (before: answered `replayed` for a step that never became latest)",
+        on_disk(server, "faults", "refused")
+        + "; the failed attempt's batch kept as trajectories/<step>-failed1.jsonl",
+    )
+    fault_matrix.record(
+        "the engine killed -9 while it loads the new adapter (during publish)",
+        "an `error` event, retryable=true (RemoteBackend retries); the step is rolled back "
+        "and the retry, once the supervisor has restarted the engine, trains it",
+        on_disk(server, "faults", "refused"),
+    )
+    await backend.close()
+
+
+async def test_serve_killed_at_each_point_of_a_step_trains_it_exactly_once(server, fault_matrix):
+    """kill -9 of `rlcoach serve` at each point of a step (a failpoint SIGKILLs it there),
+    a restart, and RemoteBackend's retry of the same request id."""
+    backend = RemoteBackend(server.url, KEY, retry_for_s=300)
+    model = tiny(server, "crashed", learning_rate=1e-3)
+    await model.register(backend)
+    seen = []
+    for number, point in enumerate(
+        ["step.trained", "checkpoint.renamed", "step.published", "step.committed"], start=1
+    ):
+        groups = await scored_groups(model)
+        arm(server.failpoints, point, "kill")
+        training = asyncio.create_task(model.train(groups))
+        code = await asyncio.to_thread(server.process.wait, 120)
+        assert code == -signal.SIGKILL
+        folder = server.root / "faults" / "crashed" / "checkpoints"
+        uncommitted = [p.parent.name for p in folder.glob(f"*/{UNCOMMITTED}")]
+        await asyncio.to_thread(server.start)
+        result = await asyncio.wait_for(training, 300)
+        async with client(server) as http:
+            metrics = (await http.get(f"{API_PREFIX}/metrics")).json()
+        how = "replayed" if metrics.get("train_replayed") else "trained again"
+        assert result.step == number == model.step, (point, result.step)
+        assert how == ("replayed" if point == "step.committed" else "trained again"), point
+        steps = [f"{n:06d}" for n in range(1, number + 1)]
+        assert checkpoints(server, "faults", "crashed") == steps
+        left = f", its uncommitted folder {uncommitted[0]} removed" if uncommitted else ""
+        seen.append(f"{point}: {how}{left}")
+    fault_matrix.record(
+        "`rlcoach serve` killed -9 at each point of a step: after the optimizer step, after "
+        "the checkpoint folder's rename, after the publish and optimizer-state write, after "
+        "the commit",
+        "RemoteBackend retries the request id until the restarted server answers: the step "
+        "is trained again where it had not committed, replayed where it had; " + "; ".join(seen),
+        on_disk(server, "faults", "crashed")
+        + " (steps 1-4, each trained exactly once; an uncommitted folder is removed at "
+        "registration)",
+    )
     await backend.close()
 
 

@@ -23,7 +23,7 @@ import pytest
 from serve_process import KEY, ServeProcess
 from test_serve import scored_groups
 
-from rlcoach import RemoteBackend, TrainableModel
+from rlcoach import RemoteBackend, TrainableModel, TrajectoryGroup
 
 pytestmark = pytest.mark.vllm
 
@@ -219,6 +219,36 @@ async def test_256_concurrent_chats_are_all_answered_while_a_step_publishes(serv
     assert metrics.get("rejected_busy", 0) == metrics.get("rejected_queue_timeout", 0) == 0
     assert metrics["chats_active"] == 0
     print(f"264 chats in {elapsed:.1f} s with a training step in the middle")
+
+
+async def test_remote_backend_first_step_is_on_policy_and_streams_token_by_token(server):
+    """RemoteBackend (issue 24): a stream through `serve` arrives token by token, and the
+    first step on what it recorded trains at the sampler's probabilities (mean ratio 1)."""
+    backend = RemoteBackend(server.url, KEY)
+    model = TrainableModel("remote-ratio", "serve", config={"learning_rate": 1e-4})
+    await model.register(backend)
+    client = model.openai_client()
+    trajectories = []
+    for stream in (False, True) * 3:  # ~150 tokens: a mean ratio, not bf16 noise
+        async with model.rollout() as scope:
+            reply = await client.chat.completions.create(
+                model=model.name, messages=QUESTION, max_tokens=48, stream=stream
+            )
+            if stream:
+                pieces = [c.choices[0].delta.content async for c in reply if c.choices]
+                assert sum(1 for p in pieces if p) > 1  # relayed as it came, not replayed
+        trajectories.append(scope.trajectory)
+    for index, trajectory in enumerate(trajectories):
+        assert trajectory.choices and trajectory.choices[0].token_ids
+        trajectory.reward = float(index % 2)
+    result = await model.train([TrajectoryGroup(trajectories)])
+    await backend.close()
+    stats = result.stats
+    print(
+        f"\nratio | RemoteBackend (serve), plain + streamed | {stats.mean_ratio:.4f} | "
+        f"{stats.sampled_tokens} | {stats.mismatch_abs_mean:.4f} | {stats.mismatch_abs_max:.3f} |"
+    )
+    assert stats.trained and abs(stats.mean_ratio - 1.0) <= 0.01, stats
 
 
 async def test_kill_9_of_vllm_fails_fast_then_comes_back_with_the_current_adapter(server, policy):

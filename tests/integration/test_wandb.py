@@ -72,6 +72,7 @@ def test_offline_run_files_hold_the_metrics_and_tables(tmp_path, monkeypatch):
                 "loss": 1.0 / step,
                 "kl": 0.01 * step,
                 "trained": True,
+                "mismatch_abs_mean": 0.02 * step,
                 **rollout_metrics(groups),
             },
         )
@@ -97,6 +98,7 @@ def test_offline_run_files_hold_the_metrics_and_tables(tmp_path, monkeypatch):
     metrics = [h for h in history if "loss" in h]
     assert [h["training_step"] for h in metrics] == [1, 2, 3]
     assert [h["loss"] for h in metrics] == [1.0, 0.5, 1.0 / 3]
+    assert [h["mismatch_abs_mean"] for h in metrics] == [0.02, 0.04, 0.06]
     assert metrics[0]["reward_mean"] == 1 / 3 and metrics[0]["rollout/success"] == 1 / 3
     assert metrics[0]["trained"] == 1.0 and "sink_errors/wandb" in metrics[0]
     tables = [h for h in history if "trajectories/path" in h]  # a table is a file + a pointer

@@ -24,15 +24,15 @@ def test_vllm_gets_a_private_socket_and_its_own_key_only_in_its_environment(tmp_
 
 
 def test_any_error_body_of_the_engine_becomes_openai_shaped():
-    import httpx
-
+    from rlcoach.engines.http import EngineResponse
     from rlcoach.engines.process import _error_body
 
     for response in (
-        httpx.Response(500, text="Internal Server Error"),
-        httpx.Response(401, json={"error": "Unauthorized"}),
-        httpx.Response(400, json=["not", "an", "object"]),
-        httpx.Response(400, json={"error": {"message": "bad", "type": "x", "param": None}}),
+        EngineResponse(500, b"Internal Server Error"),
+        EngineResponse(500, b""),
+        EngineResponse(401, b'{"error": "Unauthorized"}'),
+        EngineResponse(400, b'["not", "an", "object"]'),
+        EngineResponse(400, b'{"error": {"message": "bad", "type": "x", "param": null}}'),
     ):
         error = _error_body(response)["error"]
         assert isinstance(error["message"], str) and error["message"]

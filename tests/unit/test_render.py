@@ -115,8 +115,31 @@ def test_a_role_the_template_drops_is_refused(model_path):
 
 def test_a_missing_behaviour_logprob_is_the_policys_own():
     new_T = torch.tensor([-1.0, -2.0, -0.5], requires_grad=True)
-    old_T = torch.tensor([0.0, float("nan"), -0.5])
-    terms = policy_loss(new_T, old_T, torch.ones(3), torch.tensor([0.0, 1.0, 1.0]), normalizer=2.0)
-    assert float(terms.ratio_sum) == pytest.approx(2.0)
+    old_T = torch.tensor([0.0, float("nan"), -0.8])
+    mask_T = torch.tensor([0.0, 1.0, 1.0])
+    terms = policy_loss(new_T, old_T, torch.ones(3), mask_T, normalizer=2.0)
+    assert float(terms.ratio_sum) == pytest.approx(1.0 + math.exp(0.3))
     terms.loss.backward()
     assert torch.isfinite(new_T.grad).all() and new_T.grad[1] != 0
+    # the mismatch is measured on the one token that has a sampler log-prob
+    assert terms.mismatch.tokens == 1.0
+    assert terms.mismatch.abs_sum == pytest.approx(0.3) and terms.mismatch.beyond == 1.0
+
+
+def test_a_missing_behaviour_logprob_under_tis_is_the_trainers_at_sampling():
+    """With TIS and a later mini-batch, the NaN becomes the trainer's log-prob at the
+    sampling weights: ratio against it, TIS weight 1, no mismatch term."""
+    new_T = torch.tensor([-1.0, -1.5], requires_grad=True)
+    trainer_old_T = torch.tensor([-1.2, -1.5])
+    old_T = torch.tensor([float("nan"), float("nan")])
+    terms = policy_loss(
+        new_T,
+        old_T,
+        torch.ones(2),
+        torch.ones(2),
+        normalizer=2.0,
+        tis_cap=2.0,
+        trainer_old_logprobs_T=trainer_old_T,
+    )
+    assert float(terms.ratio_sum) == pytest.approx(math.exp(0.2) + 1.0)
+    assert terms.mismatch.tokens == 0.0 and math.isfinite(terms.loss.item())

@@ -159,3 +159,57 @@ def test_segment_attention_matches_the_dense_mask_and_gradients(model_path):
             fast, torch.tensor([seqs[2].token_ids]), torch.arange(9)[None], 16
         )
     torch.testing.assert_close(results[1][0][-8:], alone, atol=1e-4, rtol=0)
+
+
+def test_forced_tokens_stay_in_the_sequence_but_out_of_the_loss(tokenizer):
+    prompt = _render(tokenizer, USER)
+    reply = [*tokenizer.encode('{"mood": "happy"}', add_special_tokens=False)]
+    reply.append(tokenizer.eos_token_id)
+    # a JSON schema forced everything but the value's tokens (and the closing end of turn)
+    value = set(range(len(reply)))
+    value -= {i for i, t in enumerate(reply) if "happy" not in tokenizer.decode([t])}
+    forced = sorted(set(range(len(reply))) - value)
+    choice = _choice(prompt, reply).model_copy(update={"forced": forced, "constraint": "json"})
+    (sequence,) = build_sequences(Trajectory(choices=[choice]), advantage=1.0)
+    trained = [t for t, m in zip(sequence.token_ids, sequence.sampled_mask, strict=True) if m]
+    assert trained == [reply[i] for i in sorted(value)] and "happy" in tokenizer.decode(trained)
+    assert sum(sequence.forced_mask) == len(forced)
+    assert sequence.token_ids[len(prompt) :] == reply  # forced tokens are still context
+    # SFT imitates the whole reply, forced tokens included
+    (imitated,) = build_sequences(Trajectory(choices=[choice]), 1.0, train_forced=True)
+    assert imitated.sampled_tokens == len(reply)
+    # a reply the constraint wrote entirely trains nothing and is not an error
+    everything = choice.model_copy(update={"forced": list(range(len(reply)))})
+    assert build_sequences(Trajectory(choices=[everything]), 1.0) == []
+
+
+@pytest.mark.parametrize(
+    ("logprobs", "reason", "policy"),
+    [
+        ([-0.5], "1 log-probs for 2 sampled tokens", "p@0"),
+        ([-0.5, float("nan")], "not a finite number", "p@0"),
+        ([-0.5, float("-inf")], "not a finite number", "p@0"),
+        ([-0.5, 0.7], "above 0", "p@0"),
+        ([-0.5, -9999.0], "vLLM's -inf", "p@0"),
+        # a rendered client reply (trainer/render.py) may lack a log-prob, nothing else
+        ([float("nan"), float("inf")], "not a finite number", "client"),
+        ([float("nan"), 0.7], "above 0", "client"),
+    ],
+)
+def test_log_probs_the_endpoint_cannot_return_are_refused_before_training(logprobs, reason, policy):
+    choice = SampledChoice.model_construct(
+        message={"role": "assistant"},
+        prompt_token_ids=[1, 2],
+        token_ids=[3, 4],
+        logprobs=logprobs,
+        forced=[],
+        constraint=None,
+        policy=policy,
+    )
+    # Built unvalidated: a Trajectory validates its choices on construction and assignment.
+    trajectory = Trajectory.model_construct(id="t-bad", choices=[choice], additional_histories=[])
+    with pytest.raises(TrainingDataError) as info:
+        build_sequences(trajectory, advantage=1.0)
+    message = str(info.value)
+    assert "'t-bad'" in message and reason in message and "choice 0 of the main history" in message
+    assert "fix: record the choice through the policy endpoint" in message

@@ -56,3 +56,25 @@ def test_least_recently_used_trainer_is_released_and_remade_from_its_checkpoint(
 def test_max_trainers_below_one_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="max_trainers=0"):
         LocalBackend(tmp_path, max_trainers=0)
+
+
+def test_a_trainer_in_use_is_never_closed_for_another_model():
+    """The pool's leases (trainer/pool.py), the stand-in again for a trainer."""
+    from rlcoach.errors import TrainerError
+    from rlcoach.trainer.pool import TrainerPool
+
+    pool = TrainerPool(1, wait_timeout_s=0.2)
+    config = TrainableModel("m", "p").config
+    first = pool.acquire("a", lambda: StandIn(None, config))
+    with pytest.raises(TrainerError, match="max_trainers"):
+        pool.acquire("b", lambda: StandIn(None, config))  # "a" is in use: b waits, then not
+    assert not first.closed and pool.names() == ["a"]
+    pool.release("a", first)
+    second = pool.acquire("b", lambda: StandIn(None, config))  # "a" is idle: closed for "b"
+    assert first.closed and pool.names() == ["b"]
+    again = pool.acquire("b", lambda: StandIn(None, config))
+    assert again is second  # a second lease of the same trainer
+    pool.release("b", second, discard=True)  # failed past its update: forgotten at once
+    assert pool.names() == [] and not second.closed  # the other lease still holds it
+    pool.release("b", again)
+    assert second.closed

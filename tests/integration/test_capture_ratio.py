@@ -1,0 +1,358 @@
+"""The first on-policy step on every capture path trains the tokens the policy chose, at
+the probability it had (issue 24).
+
+On-policy, the trainer's log-prob of each trained token must equal the sampler's, so the
+step's mean ratio exp(new - old) is 1 up to numerics (here: within 0.01). Under bf16
+autocast the trainer's log-prob of a token differs from vLLM's by about 0.05 on average,
+so each path samples about 100 tokens or more: the mean ratio of a few dozen is noise of
+about 0.01. Each test samples through one capture path with the real vLLM engine behind
+the policy endpoint (the session's), trains one step on it, and checks that ratio: the
+plain OpenAI client, a stream, a JSON schema, a forced tool call, a LangGraph app with a
+router, a ReAct sub-graph and a summariser sub-agent, and the MCP agent (`RemoteBackend`
+is checked in test_serve_vllm.py, on that module's server). Each step samples from the
+adapter the step before published, so every one is a first step for the data it trains
+on. `pytest -s` prints each path's ratio (the table in docs/capture.md).
+
+Nothing is faked. The 135M model rarely calls a tool on its own, so the tool paths force
+the call the way users do (`tool_choice="required"`, LangChain's `"any"`): the endpoint
+must then record the grammar's tokens as forced and leave them out of the loss.
+"""
+
+import json
+import sqlite3
+import warnings
+from typing import Literal
+
+import pytest
+import torch
+from langchain_core.messages import HumanMessage, SystemMessage
+from langchain_core.tools import tool
+from langgraph.graph import END, START, MessagesState, StateGraph
+from pydantic import BaseModel
+
+from rlcoach import TrainableModel, TrajectoryGroup
+from rlcoach.integrations.langgraph import chat_model, rollout_fn
+from rlcoach.trainer.objective import policy_loss
+from rlcoach.trainer.sequences import build_sequences, pack_sequences
+
+pytestmark = pytest.mark.vllm
+
+TOLERANCE = 0.01
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+            "additionalProperties": False,
+        },
+        # Schema-true arguments: without it vLLM lets them be any JSON, and the 135M
+        # model writes a schema there until max_tokens cuts the call.
+        "strict": True,
+    },
+}
+QUESTION = [{"role": "user", "content": "What is 2 + 3? Use the add tool."}]
+
+
+@pytest.fixture(scope="module")
+async def policy(vllm_backend):
+    model = TrainableModel("on-policy", "integration", config={"learning_rate": 1e-4})
+    await model.register(vllm_backend)
+    return model
+
+
+async def first_step(model: TrainableModel, trajectories, path: str) -> dict:
+    """One step on these trajectories (rewards made to differ): its stats, ratio checked
+    and printed with the mismatch (`pytest -s` shows the table docs/capture.md holds)."""
+    for index, trajectory in enumerate(trajectories):
+        trajectory.reward = float(index % 2)
+    sampled_by = {v for t in trajectories for v in t.policy_versions}
+    assert sampled_by == {model.served_name}, "the data must come from the current policy"
+    result = await model.train([TrajectoryGroup(trajectories)])
+    stats = result.stats.as_dict()
+    assert result.stats.trained and stats["sampled_tokens"] > 0
+    print(
+        f"\nratio | {path} | {stats['mean_ratio']:.4f} | {stats['sampled_tokens']} | "
+        f"{stats['mismatch_abs_mean']:.4f} | {stats['mismatch_abs_max']:.3f} |"
+    )
+    assert abs(stats["mean_ratio"] - 1.0) <= TOLERANCE, stats
+    return stats
+
+
+async def test_plain_openai_client(policy):
+    client = policy.openai_client()
+    trajectories = []
+    for topic in ("kettles", "lamps", "kites", "bread"):
+        async with policy.rollout() as scope:
+            await client.chat.completions.create(
+                model=policy.name,
+                messages=[{"role": "user", "content": f"Write a line about {topic}."}],
+                max_tokens=48,
+            )
+        trajectories.append(scope.trajectory)
+    await first_step(policy, trajectories, "plain OpenAI client")
+
+
+async def test_a_stream_is_relayed_token_by_token_and_recorded_whole(policy):
+    client = policy.openai_client()
+    trajectories = []
+    for topic in ("tea", "rain", "snow", "maps"):
+        async with policy.rollout() as scope:
+            stream = await client.chat.completions.create(
+                model=policy.name,
+                messages=[{"role": "user", "content": f"Write a line about {topic}."}],
+                max_tokens=48,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            pieces = [c.choices[0].delta.content async for c in stream if c.choices]
+        text = "".join(p or "" for p in pieces)
+        [choice] = scope.trajectory.choices
+        # about one event per token (the old endpoint replayed a finished answer as one)
+        assert sum(1 for p in pieces if p) > len(choice.token_ids) // 2 > 1
+        assert choice.message.get("content", "") == text
+        assert len(choice.logprobs) == len(choice.token_ids) and choice.prompt_token_ids
+        trajectories.append(scope.trajectory)
+    await first_step(policy, trajectories, "streaming (OpenAI client, stream=True)")
+
+
+class Mood(BaseModel):
+    mood: Literal["happy", "unhappy", "unsure"]
+    reason: str
+
+
+async def test_json_schema_output_records_the_models_own_logprobs(policy):
+    """The engine reports a constrained token's log-prob renormalised over what the schema
+    allowed (0.0 where it allowed one token); the trainer sees the model's own. The
+    recorded log-probs must be the model's own, and forced tokens must be marked."""
+    client = policy.openai_client()
+    schema = {
+        "type": "json_schema",
+        "json_schema": {"name": "mood", "schema": Mood.model_json_schema()},
+    }
+    trajectories, own_logprobs = [], []
+    for review in ("I love this kettle!", "The lamp broke.", "The toaster is fine, I guess."):
+        async with policy.rollout() as scope:
+            reply = await client.chat.completions.create(
+                model=policy.name,
+                messages=[{"role": "user", "content": f"Classify: {review}"}],
+                max_tokens=48,
+                response_format=schema,
+            )
+        [choice] = scope.trajectory.choices
+        engine_said = [e.logprob for e in reply.choices[0].logprobs.content]
+        # Forced where the schema allowed one token only (none when the model spaced
+        # every piece: whitespace is free); the values are always the policy's.
+        assert choice.constraint == "json_schema"
+        assert len(choice.forced) < len(choice.token_ids)
+        for position in choice.forced:  # the client saw the grammar's certainty ...
+            assert engine_said[position] == 0.0
+        # ... the trainer gets the model's own probability of that token
+        own_logprobs += [choice.logprobs[p] for p in choice.forced]
+        assert reply.choices[0].logprobs.content[0].top_logprobs == []  # as the client asked
+        trajectories.append(scope.trajectory)
+    assert own_logprobs and any(value < -1e-3 for value in own_logprobs)
+    await first_step(policy, trajectories, "structured output (JSON schema)")
+
+
+async def test_a_forced_tool_call_trains_only_the_free_tokens_in_one_sequence(
+    policy, model_path, tokenizer
+):
+    client = policy.openai_client()
+    trajectories = []
+    for _ in range(2):
+        async with policy.rollout() as scope:
+            first = await client.chat.completions.create(
+                model=policy.name,
+                messages=QUESTION,
+                tools=[ADD],
+                tool_choice="required",
+                max_tokens=64,
+            )
+            assert first.choices[0].message.tool_calls, first.choices[0]
+            call = first.choices[0].message.tool_calls[0]
+            follow = [
+                *QUESTION,
+                {"role": "assistant", "content": "", "tool_calls": [call.model_dump()]},
+                {"role": "tool", "tool_call_id": call.id, "content": "5"},
+            ]
+            await client.chat.completions.create(
+                model=policy.name, messages=follow, tools=[ADD], max_tokens=16
+            )
+        trajectory = scope.trajectory
+        # the answer is sampled with the strict tool still offered: vLLM may constrain a
+        # call there, so it is recorded as constrained (it forced nothing in a free reply)
+        assert [c.constraint for c in trajectory.choices] == [
+            "tool_choice=required",
+            "strict_tools",
+        ]
+        # The engine got the call as sampled, not as the parser re-serialised it: the next
+        # prompt holds its text verbatim, and its tokens wherever the text re-tokenizes to
+        # them (a grammar can make the sampler spell a text in uncommon tokens; such a
+        # turn is trained as a sequence of its own, each sampled token once).
+        sampled, second = trajectory.choices
+        text = tokenizer.decode(sampled.token_ids)
+        assert text in tokenizer.decode(second.prompt_token_ids)
+        canonical = tokenizer.encode(text, add_special_tokens=False) == sampled.token_ids
+        sequences = build_sequences(trajectory, 1.0)
+        assert len(sequences) == (1 if canonical else 2)
+        sequence = sequences[0]
+        trajectories.append(trajectory)
+
+    # Which tokens get gradient: d loss / d log-prob is 0 on context and forced tokens.
+    from transformers import AutoModelForCausalLM
+
+    [row] = pack_sequences([sequence], max_tokens=len(sequence.token_ids))
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    logits = model(row.input_ids_T[None]).logits[0, :-1].float()
+    new_T = torch.log_softmax(logits, -1).gather(-1, row.input_ids_T[1:, None])[:, 0]
+    new_T = new_T.detach().requires_grad_(True)
+    mask_T = row.sampled_mask_T[1:]
+    policy_loss(
+        new_T, new_T.detach(), torch.ones_like(new_T), mask_T, normalizer=1.0
+    ).loss.backward()
+    ids = sequence.token_ids[1:]
+    forced_T = torch.tensor(sequence.forced_mask[1:], dtype=torch.bool)
+    got_gradient = new_T.grad != 0
+    assert not got_gradient[forced_T].any() and got_gradient[mask_T.bool()].all()
+    assert torch.equal(got_gradient, mask_T.bool())
+    # Forced: pieces of the call's fixed text, where the grammar allowed one token only
+    # (elsewhere it allows other spellings of the same text, and the spelling is the
+    # policy's). Free and trained: the argument values.
+    pieces = [tokenizer.decode([t]) for t in ids]
+    skeleton = '<tool_call>\n{"name": "add", "arguments": {"a": , "b": }}\n</tool_call>'
+    forced_pieces = [p for p, f in zip(pieces, forced_T, strict=True) if f]
+    assert forced_pieces and all(p in skeleton for p in forced_pieces), forced_pieces
+    digits = [i for i, p in enumerate(pieces) if p.strip().isdigit() and (mask_T[i] or forced_T[i])]
+    assert digits and all(got_gradient[i] and not forced_T[i] for i in digits)
+    print(f"\nforced {len(forced_pieces)}: {forced_pieces}; trained {int(mask_T.sum())}")
+    await first_step(policy, trajectories, 'tools, tool_choice="required", two turns')
+
+
+# -- a LangGraph app as users write it: router, ReAct sub-graph, summariser --------------
+
+PRODUCTS = [("kettle", 24.5, 13), ("lamp", 18.9, 41)]
+
+
+def shop_tools(path) -> list:
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE IF NOT EXISTS products (name TEXT, price REAL, stock INTEGER)")
+        db.executemany("INSERT INTO products VALUES (?, ?, ?)", PRODUCTS)
+
+    def find(product: str) -> tuple:
+        with sqlite3.connect(path) as db:
+            row = db.execute(
+                "SELECT price, stock FROM products WHERE name = ?", (product.strip().lower(),)
+            ).fetchone()
+        if row is None:
+            raise ValueError(f"no product named {product!r}")
+        return row
+
+    @tool
+    def lookup_price(product: Literal["kettle", "lamp"]) -> str:
+        """The price of a product in euros."""
+        return f"{find(product)[0]:.2f} EUR"
+
+    @tool
+    def check_stock(product: Literal["kettle", "lamp"]) -> str:
+        """How many units of a product are in stock."""
+        return f"{find(product)[1]} units"
+
+    return [lookup_price, check_stock]
+
+
+class Route(BaseModel):
+    destination: Literal["shop", "chat"]
+
+
+class ShopState(MessagesState):
+    route: str
+    summary: str
+
+
+def build_app(llm, router_llm, tools):
+    with warnings.catch_warnings():  # deprecated for langchain.agents, still widely used
+        warnings.simplefilter("ignore")
+        from langgraph.prebuilt import create_react_agent
+
+    router = router_llm.with_structured_output(Route)  # a JSON schema
+
+    def pick_model(state, runtime):  # a tool call first ("any"), then a free answer
+        if not any(m.type == "tool" for m in state["messages"]):
+            return llm.bind_tools(tools, tool_choice="any", strict=True)  # schema-true args
+        return llm.bind_tools(tools, tool_choice="none")
+
+    agent = create_react_agent(pick_model, tools, prompt="You are the shop assistant.")
+
+    async def route(state: ShopState):
+        decision = await router.ainvoke(
+            [SystemMessage("Route shop questions to 'shop'."), state["messages"][-1]]
+        )
+        return {"route": decision.destination}
+
+    async def summarise(state: ShopState):
+        transcript = "\n".join(f"{m.type}: {m.content}" for m in state["messages"])
+        reply = await llm.ainvoke([HumanMessage(f"Summarise in one line:\n{transcript}")])
+        return {"summary": reply.content}
+
+    builder = StateGraph(ShopState)
+    builder.add_node("route", route)
+    builder.add_node("shop", agent)
+    builder.add_node("summarise", summarise)
+    builder.add_edge(START, "route")
+    builder.add_edge("route", "shop")  # every question here is a shop question
+    builder.add_edge("shop", "summarise")
+    builder.add_edge("summarise", END)
+    return builder.compile()
+
+
+async def test_a_langgraph_app_with_a_router_a_react_agent_and_a_summariser(policy, tmp_path):
+    # The router gets room: a schema allows any whitespace, which the 135M model can spend.
+    llm, router_llm = chat_model(policy, max_tokens=40), chat_model(policy, max_tokens=160)
+    app = build_app(llm, router_llm, shop_tools(tmp_path / "shop.db"))
+
+    @rollout_fn(policy)
+    async def attempt(scope, question: str):
+        state = await app.ainvoke({"messages": [("user", question)]}, {"recursion_limit": 8})
+        scope.record_state(state)
+        scope.metrics["final_messages"] = len(state["messages"])
+
+    trajectories = [await attempt("How much is the kettle?") for _ in range(2)]
+    for trajectory in trajectories:
+        # The main history is the ReAct conversation the final state continues, with the
+        # graph's tail appended; the router's JSON and the summary are the other two.
+        assert trajectory.messages[0]["content"] == "You are the shop assistant."
+        assert [c.constraint for c in trajectory.choices] == ["tool_choice=required", None]
+        assert trajectory.messages[-1]["role"] == "assistant"
+        assert len(trajectory.messages) == 1 + trajectory.metrics["final_messages"]
+        assert not trajectory.logs, trajectory.logs
+        router, summary = trajectory.additional_histories
+        assert router.choices[0].constraint == "json_schema"
+        route = json.loads(router.choices[0].message["content"])  # schema-valid JSON
+        assert route["destination"] in ("shop", "chat")  # the graph goes to the shop anyway
+        assert summary.messages[0]["content"].startswith("Summarise")
+        assert summary.choices[0].constraint is None
+    await first_step(policy, trajectories, "LangGraph: router, ReAct (2 SQLite tools), summariser")
+
+
+async def test_the_mcp_agent(policy):
+    import sys
+    from pathlib import Path
+
+    from rlcoach.integrations.mcp import ServerSpec, connect, convert_tools
+    from rlcoach.integrations.mcp.agent import run_agent
+
+    server = ServerSpec(command=[str(Path(sys.executable).with_name("mcp-server-time"))])
+    async with connect(server) as connection:
+        tools = convert_tools(await connection.list_tools())
+    client = policy.openai_client()
+    config = {"max_turns": 2, "max_tokens": 48}
+    trajectories = [
+        await run_agent(policy, client, server, "What time is it in Tokyo?", tools, config=config)
+        for _ in range(2)
+    ]
+    assert all(t.choices for t in trajectories)
+    await first_step(policy, trajectories, "MCP agent (mcp-server-time)")

@@ -1,0 +1,146 @@
+"""What the policy endpoint records for a constrained completion: the unit test that would
+have caught issue 24's `mean_ratio 0.923`.
+
+vLLM reports a constrained token's log-prob after its grammar mask (0.0 where the
+grammar allowed one token), while the trainer recomputes the model's own. The gateway
+must record the model's own log-probs and mark the forced positions. The engine here
+replays, at the `Engine` protocol seam, a JSON-schema completion and a forced tool call
+captured from the real vLLM 0.32 server with the bundled model (`gateway_vllm.json`:
+the completions as vLLM returned them, and the model's own log-probs of the sampled
+tokens from the same server's prompt log-probs, and the text of the sampled call from its
+detokenizer) — a vLLM start takes 40-60 s, too long for a unit test; the real server runs
+the same paths in test_capture_ratio.py. The gateway, its HTTP server and the OpenAI
+client are real.
+"""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from rlcoach.gateway import ROLLOUT_HEADER, Gateway
+from rlcoach.router import Router
+from rlcoach.types import choice_from_response_json
+
+CAPTURED = json.loads((Path(__file__).with_name("gateway_vllm.json")).read_text())
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+SCHEMA = {"type": "json_schema", "json_schema": {"name": "mood", "schema": {"type": "object"}}}
+
+
+class ReplayEngine:
+    """The engine protocol, answering with the captured vLLM responses."""
+
+    base_name = "smollm2-135m-instruct"
+
+    def __init__(self) -> None:
+        self.bodies: list[dict] = []
+
+    async def chat(self, body: dict) -> dict:
+        self.bodies.append(body)
+        kind = "required" if body.get("tool_choice") else "json_schema"
+        return copy.deepcopy(CAPTURED[kind]["response"])
+
+    async def token_logprobs(self, model: str, token_ids: list[int], start: int) -> list[float]:
+        for captured in CAPTURED.values():
+            response = captured["response"]
+            prompt = response["prompt_token_ids"]
+            if token_ids == [*prompt, *response["choices"][0]["token_ids"]]:
+                assert start == len(prompt)
+                return captured["free_logprobs"]
+        raise AssertionError("re-scored tokens that were not sampled")
+
+    async def detokenize(self, model: str, token_ids: list[int]) -> str:
+        captured = CAPTURED["required"]
+        assert token_ids == captured["response"]["choices"][0]["token_ids"][:-1]  # no end
+        return captured["text"]
+
+    async def healthy(self) -> bool:
+        return True
+
+
+@pytest.fixture
+def gateway():
+    engine = ReplayEngine()
+    served = Gateway(engine, Router(engine, max_loras=2))
+    served.start()
+    yield served
+    served.stop()
+
+
+@pytest.mark.parametrize(
+    ("kind", "extra", "constraint"),
+    [
+        ("json_schema", {"response_format": SCHEMA}, "json_schema"),
+        ("required", {"tools": TOOLS, "tool_choice": "any"}, "tool_choice=required"),
+    ],
+)
+async def test_a_constrained_completion_is_recorded_with_the_models_own_logprobs(
+    gateway, kind, extra, constraint
+):
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="x", max_retries=0)
+    reply = await client.chat.completions.create(
+        model=ReplayEngine.base_name,
+        messages=[{"role": "user", "content": "What is 2 + 3?"}],
+        extra_headers={ROLLOUT_HEADER: "r1"},
+        **extra,
+    )
+    captured = CAPTURED[kind]
+    vllm_choice = captured["response"]["choices"][0]
+    engine_said = [e["logprob"] for e in vllm_choice["logprobs"]["content"]]
+    # what the engine was asked: log-probs, token ids, two candidates per position
+    [body] = gateway.engine.bodies
+    assert body["logprobs"] and body["return_token_ids"] and body["top_logprobs"] == 2
+    assert body.get("tool_choice") in (None, "required")  # LangChain's "any" spelled out
+    # the client gets vLLM's answer, with the top log-probs it asked for (none)
+    assert [e.logprob for e in reply.choices[0].logprobs.content] == engine_said
+    assert all(e.top_logprobs == [] for e in reply.choices[0].logprobs.content)
+
+    [(_, response)] = gateway.recorder.take("r1")
+    choice = choice_from_response_json(response["choices"][0], response)
+    assert choice.logprobs == captured["free_logprobs"] != engine_said
+    assert choice.constraint == constraint
+    forced = [i for i, lp in enumerate(engine_said) if lp == 0.0 and i in choice.forced]
+    assert choice.forced and forced == choice.forced  # forced: probability 1 under the grammar
+    assert len(choice.forced) < len(choice.token_ids)  # the policy chose the rest
+    # the constrained log-probs overstate every forced token: the bias the ratio saw
+    assert all(captured["free_logprobs"][i] < 0.0 for i in choice.forced)
+
+
+async def test_a_sampled_tool_call_goes_back_to_the_engine_as_it_was_sampled(gateway):
+    """The model spaced its arguments its own way; the parser re-serialised them. When the
+    client returns the parsed call, the engine must get the sampled text, or the next
+    prompt would not extend the sampled tokens (a second training sequence)."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="x", max_retries=0)
+    question = [{"role": "user", "content": "What is 2 + 3?"}]
+    headers = {ROLLOUT_HEADER: "r2"}
+    first = await client.chat.completions.create(
+        model=ReplayEngine.base_name,
+        messages=question,
+        tools=TOOLS,
+        tool_choice="required",
+        extra_headers=headers,
+    )
+    [call] = first.choices[0].message.tool_calls
+    sampled = CAPTURED["required"]["text"]
+    assert call.function.arguments not in sampled  # re-serialised: spacing differs
+    follow = [
+        *question,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "5"},
+    ]
+    await client.chat.completions.create(
+        model=ReplayEngine.base_name, messages=follow, tools=TOOLS, extra_headers=headers
+    )
+    upstream = gateway.engine.bodies[1]["messages"]
+    assert upstream[1] == {"role": "assistant", "content": sampled}
+    assert upstream[0] == question[0] and upstream[2]["role"] == "tool"
+    # the client's own messages are what is recorded
+    [_, (request, _)] = gateway.recorder.take("r2")
+    assert request["messages"][1]["tool_calls"][0]["function"]["arguments"] == (
+        call.function.arguments
+    )

@@ -1,0 +1,123 @@
+"""The GPU memory estimate that refuses a placement at registration (memory.py).
+
+Pure arithmetic on model configs; the GPU peaks it is checked against are the ones
+measured on an H200 in docs/benchmarks-gpu.md (Qwen3 shapes, LoRA rank 16)."""
+
+import pytest
+
+from rlcoach import ConfigError
+from rlcoach.memory import GiB, ModelShape, check_memory, plan_memory
+
+QWEN3_4B = {
+    "hidden_size": 2560,
+    "intermediate_size": 9728,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+}
+QWEN3_8B = {
+    **QWEN3_4B,
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "tie_word_embeddings": False,
+}
+SETTINGS = {
+    "max_model_len": 4096,
+    "max_loras": 2,
+    "max_lora_rank": 16,
+    "lora_rank": 16,
+    "logprob_chunk_tokens": 2048,
+}
+
+
+def _peak(config: dict, tokens: int, checkpointing: bool) -> float:
+    plan = plan_memory(
+        ModelShape.from_config(config),
+        gpu_bytes=139 * GiB,
+        colocation="dedicated",
+        gpu_memory_utilization=0.9,
+        micro_batch_tokens=tokens,
+        activation_checkpointing=checkpointing,
+        **SETTINGS,
+    )
+    return plan.trainer_peak_bytes / GiB
+
+
+def test_the_parameter_count_matches_the_published_shapes():
+    assert ModelShape.from_config(QWEN3_4B).params == pytest.approx(4.02e9, rel=0.01)
+    assert ModelShape.from_config(QWEN3_8B).params == pytest.approx(8.19e9, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("config", "tokens", "checkpointing", "measured_gib"),
+    [
+        (QWEN3_4B, 4096, False, 31.1),  # rows of 4K, eager
+        (QWEN3_8B, 4096, False, 47.7),
+        (QWEN3_4B, 16384, True, 14.7),  # one 16K row, activation checkpointing
+        (QWEN3_8B, 16384, True, 23.7),
+    ],
+)
+def test_the_trainer_estimate_covers_measured_peaks(config, tokens, checkpointing, measured_gib):
+    estimate = _peak(config, tokens, checkpointing)
+    assert measured_gib <= estimate <= 1.2 * measured_gib + 1.0
+
+
+def test_a_gpu_too_small_for_the_mode_is_refused_with_what_fits():
+    shape = ModelShape.from_config(QWEN3_4B)
+    with pytest.raises(ConfigError) as refused:
+        check_memory(
+            shape,
+            gpu_bytes=139 * GiB,
+            colocation="split",
+            gpu_memory_utilization=0.85,
+            micro_batch_tokens=16384,
+            activation_checkpointing=False,
+            **SETTINGS,
+        )
+    message = str(refused.value)
+    assert "the trainer needs" in message and "GiB" in message and "Fix:" in message
+    assert "colocation='sleep'" in message  # sleeping vLLM leaves the trainer the GPU
+    plan = check_memory(
+        shape,
+        gpu_bytes=139 * GiB,
+        colocation="sleep",
+        gpu_memory_utilization=0.85,
+        micro_batch_tokens=16384,
+        activation_checkpointing=False,
+        **SETTINGS,
+    )
+    assert plan.fits and plan.kv_cache_tokens > 500_000
+
+
+def test_each_suggested_fix_fits():
+    shape = ModelShape.from_config(QWEN3_4B)
+    base = {
+        "gpu_bytes": 80 * GiB,
+        "colocation": "split",
+        "gpu_memory_utilization": 0.85,
+        "micro_batch_tokens": 16384,
+        "activation_checkpointing": False,
+        **SETTINGS,
+    }
+    with pytest.raises(ConfigError) as refused:
+        check_memory(shape, **base)
+    fixes = str(refused.value).split("Fix: ")[1].split(" or ")
+    assert fixes
+    for fix in fixes:
+        change = {}
+        for part in fix.split(" with "):
+            key, _, value = part.removeprefix("TrainConfig(").rstrip(")").partition("=")
+            change[key] = {"True": True}.get(value, value.strip("'"))
+            if key in ("gpu_memory_utilization",):
+                change[key] = float(value)
+            if key == "micro_batch_tokens":
+                change[key] = int(value)
+        assert plan_memory(shape, **{**base, **change}).fits, fix
+
+
+def test_a_config_without_the_sizes_is_a_clear_error():
+    with pytest.raises(ConfigError, match="hidden_size"):
+        ModelShape.from_config({"model_type": "mystery"})
