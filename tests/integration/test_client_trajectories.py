@@ -10,6 +10,7 @@ are refused with the trajectory id, the message index and the fix.
 """
 
 import json
+import math
 
 import pytest
 from openai import AsyncOpenAI
@@ -43,6 +44,8 @@ async def test_plain_messages_train(vllm_backend, client_model):
     assert rendering["tokens_retokenized"] == result.stats.sampled_tokens > 0
     assert rendering["tokens_without_sampler_logprobs"] == rendering["tokens_retokenized"]
     assert _records(vllm_backend, client_model)[-1]["tokens_retokenized"] > 0
+    # No token has a sampler log-prob: none is in the sampler/trainer mismatch.
+    assert math.isfinite(result.stats.loss) and result.stats.mismatch_abs_max == 0.0
 
 
 async def test_openai_choice_objects_train(vllm_backend, client_model):
@@ -85,6 +88,8 @@ async def test_openai_choice_objects_train(vllm_backend, client_model):
     )
     # Sampler log-probs line up for the exact ids and for most re-tokenized ones.
     assert r["tokens_without_sampler_logprobs"] < r["tokens_retokenized"]
+    # The mismatch is measured on the tokens that have one, the NaN ones left out.
+    assert math.isfinite(result.stats.mismatch_abs_mean) and result.stats.mismatch_abs_max > 0
     answer = await client_model.openai_client().chat.completions.create(
         model=client_model.name, messages=QUESTION, max_tokens=4
     )
