@@ -112,6 +112,10 @@ class TrainConfig(_Strict):
     """On a GPU, compute each token's log-prob gradient in the forward pass instead of
     recomputing the logits in the backward (trainer/fusion.py `TargetLogprob`); off until
     measured on a GPU. Ignored on the CPU."""
+    share_prefix: bool = True
+    """Run a prompt prefix that several sequences share (a GRPO group's prompt) once per
+    packed row, each sequence's remaining tokens attending to it, instead of once per
+    sequence (trainer/sequences.py). Same loss and gradients up to rounding."""
     max_grad_norm: float = Field(1.0, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
     max_staleness: int = Field(1, ge=0)

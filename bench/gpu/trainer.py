@@ -2,9 +2,12 @@
 
 Both sides train a LoRA (rank 16, alpha 32, all linear layers) on a random-weight model
 of a real shape, on the same batch: B sequences of P prompt + C completion random token
-ids, random advantages. One side is `LoraTrainer.step` (the real API: trajectory groups
-in, one AdamW step out); the other is TRL's `GRPOTrainer` loss step as a user gets it
-(its `_compute_loss` under bf16 autocast, backward, its optimizer), generation excluded.
+ids, random advantages; with `--shared-prompt` the B prompts are one prompt, as in a GRPO
+group (both sides get it; ours then runs it once per row unless `--no-share-prefix`,
+`TrainConfig.share_prefix`; TRL runs the whole [B, P+C] batch). One side is
+`LoraTrainer.step` (the real API: trajectory groups in, one AdamW step out); the other is
+TRL's `GRPOTrainer` loss step as a user gets it (its `_compute_loss` under bf16 autocast,
+backward, its optimizer), generation excluded.
 Each measurement runs in its own process, so peak memory is that run's alone.
 
   # one measurement (prints a RESULT json line)
@@ -13,8 +16,12 @@ Each measurement runs in its own process, so peak memory is that run's alone.
   # a grid, each config for both sides, then a table of ratios (ours / TRL)
   python bench/gpu/trainer.py grid --model /tmp/m4b --configs 4x512+3584 1x1024+15360:ckpt
   (flags after ':' apply to our side: ckpt, nockpt, row<tokens>, chunk<tokens>,
-   profile, nocompile, nofuse, fusedlogprob; notrl skips the peer; with
-   --trl-same-flags TRL gets ckpt/nockpt too)
+   profile, nocompile, nofuse, fusedlogprob, noshare; notrl skips the peer; with
+   --trl-same-flags TRL gets ckpt/nockpt too; `grid --shared-prompt` gives both sides
+   one prompt per group)
+  # no GPU: a tiny check of the plumbing on the CPU (any small model folder)
+  python bench/gpu/trainer.py one --who ours --model <folder> --batch 8 --prompt 64 \
+      --completion 16 --steps 1 --shared-prompt --no-compile --no-fuse
 
 Reported: tokens/s (prompt + completion tokens per second of wall time, synchronised),
 peak allocated GPU memory, and MFU by the usual 6·N·tokens/s convention against the
@@ -39,10 +46,15 @@ PROFILE = False
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def _inputs(batch: int, prompt: int, completion: int) -> dict[str, torch.Tensor]:
+def _inputs(
+    batch: int, prompt: int, completion: int, shared: bool = False
+) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
+    prompts = 1 if shared else batch
     return {
-        "prompt_ids": torch.randint(100, 30000, (batch, prompt), generator=generator),
+        "prompt_ids": torch.randint(100, 30000, (prompts, prompt), generator=generator).expand(
+            batch, prompt
+        ),
         "completion_ids": torch.randint(100, 30000, (batch, completion), generator=generator),
         "advantages": torch.randn(batch, generator=generator),
     }
@@ -106,7 +118,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, object]:
     from rlcoach.trainer.lora import LoraTrainer
     from rlcoach.types import SampledChoice, Trajectory, TrajectoryGroup
 
-    data = _inputs(args.batch, args.prompt, args.completion)
+    data = _inputs(args.batch, args.prompt, args.completion, args.shared_prompt)
     vocab = json.loads(Path(args.model, "config.json").read_text())["vocab_size"]
     old = -float(torch.log(torch.tensor(float(vocab))))  # about a random model's logprob
     trajectories = []
@@ -129,6 +141,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, object]:
         compile_layers=args.compile,
         fused_lora=args.fuse,
         fused_logprob=args.fused_logprob,
+        share_prefix=args.share_prefix,
         lora={"rank": 16, "alpha": 32},
     )
     trainer = LoraTrainer(args.model, config)
@@ -161,6 +174,8 @@ def run_ours(args: argparse.Namespace) -> dict[str, object]:
         "compile": args.compile,
         "fuse": args.fuse,
         "fused_logprob": args.fused_logprob,
+        "shared_prompt": args.shared_prompt,
+        "share_prefix": args.share_prefix,
         **WARMUP,
     }
 
@@ -173,7 +188,8 @@ def run_trl(args: argparse.Namespace) -> dict[str, object]:
     from trl import GRPOConfig, GRPOTrainer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    data = {k: v.to(device) for k, v in _inputs(args.batch, args.prompt, args.completion).items()}
+    shape = (args.batch, args.prompt, args.completion, args.shared_prompt)
+    data = {k: v.to(device) for k, v in _inputs(*shape).items()}
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(
         args.model, dtype=torch.bfloat16, attn_implementation="sdpa"
@@ -231,6 +247,7 @@ def run_trl(args: argparse.Namespace) -> dict[str, object]:
         "tokens": args.batch * (args.prompt + args.completion),
         "step_s": seconds,
         "ckpt": bool(trainer.args.gradient_checkpointing),
+        "shared_prompt": args.shared_prompt,
     }
 
 
@@ -258,7 +275,9 @@ def _parse(config: str) -> tuple[int, int, int, list[str]]:
     return int(batch), int(prompt), int(completion), flags
 
 
-def _spawn(model: str, who: str, config: str, steps: int, chunk: int) -> dict[str, object]:
+def _spawn(
+    model: str, who: str, config: str, steps: int, chunk: int, shared_prompt: bool
+) -> dict[str, object]:
     batch, prompt, completion, flags = _parse(config)
     command = [
         sys.executable,
@@ -279,6 +298,8 @@ def _spawn(model: str, who: str, config: str, steps: int, chunk: int) -> dict[st
         "--chunk",
         str(chunk),
     ]
+    if shared_prompt:
+        command.append("--shared-prompt")
     for flag in flags:
         if flag == "ckpt":
             command.append("--ckpt")
@@ -290,6 +311,8 @@ def _spawn(model: str, who: str, config: str, steps: int, chunk: int) -> dict[st
             command.append(f"--no-{flag[2:]}")
         elif flag == "fusedlogprob":
             command.append("--fused-logprob")
+        elif flag == "noshare":
+            command.append("--no-share-prefix")
         elif flag.startswith("chunk"):
             command[command.index("--chunk") + 1] = flag[5:]
         elif flag.startswith("row"):
@@ -327,10 +350,14 @@ def _cell(result: dict[str, object]) -> str:
 def grid(args: argparse.Namespace) -> None:
     rows = []
     for config in args.configs:
-        ours = _spawn(args.model, "ours", config, args.steps, args.chunk)
+        ours = _spawn(args.model, "ours", config, args.steps, args.chunk, args.shared_prompt)
         trl_config = config if args.trl_same_flags else config.split(":")[0]
         want_trl = args.trl and "notrl" not in config.split(":")
-        peer = _spawn(args.model, "trl", trl_config, args.steps, args.chunk) if want_trl else {}
+        peer = (
+            _spawn(args.model, "trl", trl_config, args.steps, args.chunk, args.shared_prompt)
+            if want_trl
+            else {}
+        )
         rows.append((config, ours, peer))
     print(
         f"\ntrainer step, {args.model}, LoRA r=16 all linear, {args.steps} timed steps after "
@@ -372,6 +399,15 @@ def main() -> None:
     )
     p.add_argument("--fused-logprob", action="store_true", help="our TrainConfig.fused_logprob")
     p.add_argument(
+        "--shared-prompt", action="store_true", help="one prompt for the batch (a GRPO group)"
+    )
+    p.add_argument(
+        "--share-prefix",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="our TrainConfig.share_prefix",
+    )
+    p.add_argument(
         "--ckpt",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -383,6 +419,7 @@ def main() -> None:
     g.add_argument("--steps", type=int, default=3)
     g.add_argument("--chunk", type=int, default=2048)
     g.add_argument("--no-trl", dest="trl", action="store_false")
+    g.add_argument("--shared-prompt", action="store_true", help="one prompt per batch, both sides")
     g.add_argument(
         "--trl-same-flags",
         action="store_true",

@@ -17,10 +17,18 @@ It plugs into transformers as a registered attention implementation
 (`SEGMENT_ATTENTION`): a model loaded with `attn_implementation=SEGMENT_ATTENTION` builds
 no mask at all (transformers skips mask creation for implementations it does not know),
 and the boundaries reach every layer as the `rlcoach_segments` keyword of the forward
-call: the sequence start offsets followed by the row length, as a tuple or as a CPU
-int64 tensor. The trainer passes the tensor: a compiled decoder layer (fusion.py) guards
+call: the sequence start offsets followed by the row length [S+1], or the row's pieces
+`(start, end, context_start, context_end)` as an [S, 4] table (a `PackedRow`'s
+`segments`), as a tuple or as a CPU int64 tensor. The trainer passes the tensor (the
+boundaries where the row shares no prefix): a compiled decoder layer (fusion.py) guards
 on a tuple's length and values, so every new set of boundaries would recompile it, while
 a tensor is a graph input whose values the guards ignore.
+
+Shared prefixes (sequences.py): a piece with a context range is the suffix of a sequence
+whose prefix another piece holds. Its queries attend to the prefix's keys and then to its
+own, causally: [Q x (P+Q)] attention aligned bottom-right. sdpa's `is_causal` aligns
+top-left when the query and key lengths differ, so that case goes through a lower-right
+causal bias on a GPU (FlashAttention) and an explicit [Q x (P+Q)] mask elsewhere.
 """
 
 from __future__ import annotations
@@ -51,6 +59,72 @@ def segment_bounds(position_ids_T: torch.Tensor) -> tuple[int, ...]:
     return (*starts, int(position_ids_T.shape[0]))
 
 
+def _pieces(
+    segments: tuple[int, ...] | tuple[tuple[int, ...], ...] | torch.Tensor | None, length: int
+) -> list[tuple[int, int, int, int]]:
+    """The `(start, end, context_start, context_end)` pieces of a row from any form of
+    `rlcoach_segments` (boundaries [S+1], or pieces [S, 4])."""
+    if segments is None:
+        return [(0, length, 0, 0)]
+    if isinstance(segments, torch.Tensor):  # a CPU tensor: reading it does not sync the GPU
+        segments = segments.tolist()  # boundaries [S+1] or pieces [S, 4]
+    if segments and isinstance(segments[0], int):
+        pieces = [(start, end, start, start) for start, end in itertools.pairwise(segments)]
+    else:
+        pieces = [(int(a), int(b), int(c), int(d)) for a, b, c, d in segments]
+    if not pieces or max(end for _, end, _, _ in pieces) != length:
+        raise ValueError(
+            f"sequence boundaries {pieces[:2]}... do not end at the row length {length}; "
+            "fix: build them with segment_bounds(position_ids) of the same row, or pass "
+            "the PackedRow's segments"
+        )
+    return pieces
+
+
+def _lower_right_causal(
+    query_1HQD: torch.Tensor,
+    key_1KSD: torch.Tensor,
+    value_1KSD: torch.Tensor,
+    scale: float | None,
+    dropout: float,
+    gqa: bool,
+    flash: bool,
+) -> torch.Tensor:
+    """Causal attention of Q queries over S >= Q keys, aligned bottom-right: query i sees
+    keys up to S - Q + i (a suffix sees its whole prefix, then itself causally).
+
+    sdpa's `is_causal` aligns top-left when Q != S, so it cannot be used here. With
+    `flash` (on a GPU) the lower-right `CausalBias` runs FlashAttention (whose causal mask
+    is bottom-right) when the heads match, so a GQA model's key heads are repeated for it;
+    otherwise an explicit [Q x S] boolean mask, small for a suffix."""
+    queries, keys = query_1HQD.shape[2], key_1KSD.shape[2]
+    if flash:
+        from torch.nn.attention.bias import causal_lower_right
+
+        if gqa:
+            repeat = query_1HQD.shape[1] // key_1KSD.shape[1]
+            key_1KSD = key_1KSD.repeat_interleave(repeat, dim=1)
+            value_1KSD = value_1KSD.repeat_interleave(repeat, dim=1)
+        return F.scaled_dot_product_attention(
+            query_1HQD,
+            key_1KSD,
+            value_1KSD,
+            attn_mask=causal_lower_right(queries, keys),
+            scale=scale,
+            dropout_p=dropout,
+        )
+    allowed_QS = torch.ones(queries, keys, dtype=torch.bool, device=query_1HQD.device)
+    return F.scaled_dot_product_attention(
+        query_1HQD,
+        key_1KSD,
+        value_1KSD,
+        attn_mask=allowed_QS.tril(diagonal=keys - queries),
+        scale=scale,
+        dropout_p=dropout,
+        enable_gqa=gqa,
+    )
+
+
 def segment_attention(
     module: torch.nn.Module,
     query_1HTD: torch.Tensor,
@@ -59,36 +133,43 @@ def segment_attention(
     attention_mask: torch.Tensor | None,
     dropout: float = 0.0,
     scaling: float | None = None,
-    rlcoach_segments: tuple[int, ...] | torch.Tensor | None = None,
+    rlcoach_segments: tuple[int, ...] | tuple[tuple[int, ...], ...] | torch.Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Causal attention within each sequence of a packed row; output [1, T, H, D]."""
+    """Causal attention within each piece of a packed row (a suffix also attends to its
+    whole shared prefix); output [1, T, H, D]."""
     if attention_mask is not None:
         raise ValueError(
             f"{SEGMENT_ATTENTION!r} attention got an attention mask; it takes the sequence "
             "boundaries (`rlcoach_segments=`) instead — fix: pass attention_mask=None"
         )
-    length = query_1HTD.shape[2]
-    bounds = rlcoach_segments if rlcoach_segments is not None else (0, length)
-    if isinstance(bounds, torch.Tensor):  # a CPU tensor: reading it does not sync the GPU
-        bounds = tuple(bounds.tolist())
-    if bounds[-1] != length:
-        raise ValueError(
-            f"sequence boundaries {bounds[:4]}...{bounds[-1]} do not end at the row length "
-            f"{length}; fix: build them with segment_bounds(position_ids) of the same row"
-        )
     gqa = query_1HTD.shape[1] != key_1KTD.shape[1]
+    flash = query_1HTD.is_cuda
+    dropout = dropout if module.training else 0.0
     pieces = []
-    for start, end in itertools.pairwise(bounds):
+    for start, end, context_start, context_end in _pieces(rlcoach_segments, query_1HTD.shape[2]):
+        if context_start == context_end:
+            pieces.append(
+                F.scaled_dot_product_attention(
+                    query_1HTD[:, :, start:end],
+                    key_1KTD[:, :, start:end],
+                    value_1KTD[:, :, start:end],
+                    is_causal=True,
+                    scale=scaling,
+                    dropout_p=dropout,
+                    enable_gqa=gqa,
+                )
+            )
+            continue
+        # A suffix: its keys are the shared prefix's, then its own. Every suffix reads
+        # the prefix's keys and values, so their gradients sum over the suffixes.
+        keys = torch.cat([key_1KTD[:, :, context_start:context_end], key_1KTD[:, :, start:end]], 2)
+        values = torch.cat(
+            [value_1KTD[:, :, context_start:context_end], value_1KTD[:, :, start:end]], 2
+        )
         pieces.append(
-            F.scaled_dot_product_attention(
-                query_1HTD[:, :, start:end],
-                key_1KTD[:, :, start:end],
-                value_1KTD[:, :, start:end],
-                is_causal=True,
-                scale=scaling,
-                dropout_p=dropout if module.training else 0.0,
-                enable_gqa=gqa,
+            _lower_right_causal(
+                query_1HTD[:, :, start:end], keys, values, scaling, dropout, gqa, flash
             )
         )
     out_1HTD = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2)

@@ -24,6 +24,7 @@ model with the adapter disabled: no second copy.
 from __future__ import annotations
 
 import functools
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,14 @@ from rlcoach.trainer.fusion import (
     compiled_target_logprob,
     fuse_lora_linears,
 )
-from rlcoach.trainer.sequences import PackedRow, TrainSequence, pack_sequences
+from rlcoach.trainer.sequences import (
+    PackedRow,
+    Segment,
+    TrainSequence,
+    pack_sequences,
+    pack_shared,
+    share_prefixes,
+)
 from rlcoach.trainer.step import grpo_step
 from rlcoach.types import TrajectoryGroup
 
@@ -70,6 +78,49 @@ def _compiled_project() -> Any:
     return torch.compile(_project, dynamic=True)
 
 
+def _plain_segments(position_ids_T: torch.Tensor) -> tuple[Segment, ...]:
+    """One piece per sequence of a row, found where its position ids restart at 0."""
+    bounds = segment_bounds(position_ids_T)
+    return tuple((start, end, start, start) for start, end in itertools.pairwise(bounds))
+
+
+def _segments_tensor(segments: tuple[Segment, ...], length: int) -> torch.Tensor:
+    """`rlcoach_segments` for attention.py: the boundaries [S+1] of a row without a shared
+    prefix, else its pieces [S, 4] (S >= 3: a prefix and two suffixes). A [1, 4] table of
+    a one-sequence row would make a compiled layer specialise on the size 1 and compile
+    again."""
+    if all(context_start == context_end for _, _, context_start, context_end in segments):
+        return torch.tensor([start for start, _, _, _ in segments] + [length], dtype=torch.long)
+    return torch.tensor(segments, dtype=torch.long)
+
+
+def _dense_mask(segments: tuple[Segment, ...], length: int, device: torch.device) -> torch.Tensor:
+    """The [1, 1, T, T] boolean mask of a row's pieces, for attention implementations
+    other than `SEGMENT_ATTENTION` (and as the plain reference the tests compare with)."""
+    allowed_TT = torch.zeros(length, length, dtype=torch.bool, device=device)
+    for start, end, context_start, context_end in segments:
+        size = end - start
+        allowed_TT[start:end, start:end] = torch.ones(size, size, dtype=torch.bool).tril()
+        allowed_TT[start:end, context_start:context_end] = True
+    return allowed_TT[None, None]
+
+
+def _predictors(segments: tuple[Segment, ...], length: int) -> torch.Tensor | None:
+    """Which hidden state predicts each of the row's tokens 1..T-1: the one before it,
+    except a suffix's first token, predicted by its prefix's last one (None: no suffix)."""
+    moved = [
+        (start - 1, context_end - 1)  # hidden state start - 1 predicts token start
+        for start, _, context_start, context_end in segments
+        if context_end > context_start and start != context_end
+    ]
+    if not moved:
+        return None
+    index_T = torch.arange(length - 1)
+    for at, source in moved:
+        index_T[at] = source
+    return index_T
+
+
 def chunked_token_logprobs(
     causal_lm: Any,
     input_ids_1T: torch.Tensor,
@@ -77,32 +128,38 @@ def chunked_token_logprobs(
     chunk: int,
     compiled: bool = False,
     fused_logprob: bool = False,
+    segments: tuple[Segment, ...] = (),
 ) -> torch.Tensor:
     """Log-prob of each token given the ones before it, shape [T-1] (fp32).
 
+    `segments` are the row's attention pieces (`PackedRow.segments`: shared prefixes and
+    their suffixes); empty: one piece per sequence, where the position ids restart at 0.
     `compiled` runs the vocabulary projection through `torch.compile`; `fused_logprob`
     uses the compiled `TargetLogprob` of fusion.py instead where the output layer is a
     frozen bias-free linear (the trainer sets them on a GPU only)."""
     backbone = causal_lm.get_decoder() if hasattr(causal_lm, "get_decoder") else causal_lm.model
     lm_head = causal_lm.get_output_embeddings()
+    length = input_ids_1T.shape[1]
+    segments = segments or _plain_segments(position_ids_1T[0])
     if getattr(causal_lm.config, "_attn_implementation", None) == SEGMENT_ATTENTION:
         # Per-sequence attention: boundaries instead of a mask (see attention.py).
         hidden_1TH = backbone(
             input_ids=input_ids_1T,
             position_ids=position_ids_1T,
-            rlcoach_segments=torch.tensor(segment_bounds(position_ids_1T[0])),
+            rlcoach_segments=_segments_tensor(segments, length),
         ).last_hidden_state
     else:
-        # Any other attention: a block-diagonal causal mask, with a new block wherever
-        # the position ids restart at 0 (sdpa ignores position-id resets).
-        segments_T = torch.cumsum(position_ids_1T[0] == 0, dim=0)
-        length = segments_T.shape[0]
-        causal_TT = torch.ones(length, length, dtype=torch.bool, device=segments_T.device).tril()
-        mask_11TT = (causal_TT & (segments_T[:, None] == segments_T[None, :]))[None, None]
+        # Any other attention: a dense mask of the same pieces (sdpa ignores position ids).
         hidden_1TH = backbone(
-            input_ids=input_ids_1T, position_ids=position_ids_1T, attention_mask=mask_11TT
+            input_ids=input_ids_1T,
+            position_ids=position_ids_1T,
+            attention_mask=_dense_mask(segments, length, input_ids_1T.device),
         ).last_hidden_state
-    hidden_TH = hidden_1TH[0, :-1]
+    predictors_T = _predictors(segments, length)
+    if predictors_T is None:
+        hidden_TH = hidden_1TH[0, :-1]
+    else:  # a shared prefix's last state predicts each of its suffixes' first token
+        hidden_TH = hidden_1TH[0].index_select(0, predictors_T.to(hidden_1TH.device))
     targets_T = input_ids_1T[0, 1:]
 
     fused = (
@@ -201,6 +258,7 @@ class LoraTrainer:
             "chunk": self.config.logprob_chunk_tokens,
             "compiled": self.config.compile_layers and gpu,
             "fused_logprob": self.config.fused_logprob and gpu,
+            "segments": row.segments,
         }
         # bf16 autocast where bf16 is fast, plain fp32 elsewhere: see hardware.py.
         with autocast(self.device):
@@ -212,6 +270,10 @@ class LoraTrainer:
     # -- the step's hooks (step.py): one process runs every row, and sums are its own
 
     def rows(self, part: list[TrainSequence], config: TrainConfig) -> list[PackedRow]:
+        if config.share_prefix:
+            return pack_shared(
+                share_prefixes(part, config.micro_batch_tokens), config.micro_batch_tokens
+            )
         return pack_sequences(part, config.micro_batch_tokens)
 
     def sum_over_ranks(self, values: list[float]) -> list[float]:

@@ -20,7 +20,7 @@ import select
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -30,7 +30,15 @@ from rlcoach.hardware import autocast
 from rlcoach.trainer.base import StepStats
 from rlcoach.trainer.checkpoint import full_tensor, load_checkpoint, save_optimizer_state
 from rlcoach.trainer.lora import build_lora_model, build_optimizer, chunked_token_logprobs
-from rlcoach.trainer.sequences import PackedRow, TrainSequence, pack_sequences
+from rlcoach.trainer.sequences import (
+    PackedRow,
+    Segment,
+    SharedPrefix,
+    TrainSequence,
+    pack_sequences,
+    pack_shared,
+    share_prefixes,
+)
 from rlcoach.trainer.step import grpo_step
 from rlcoach.types import TrajectoryGroup
 
@@ -42,15 +50,23 @@ TOKEN_VARIABLE = "RLCOACH_RANK_TOKEN"
 logger = logging.getLogger(__name__)
 
 
-def split_by_tokens(sequences: list[TrainSequence], ranks: int) -> list[list[TrainSequence]]:
-    """Deal `sequences` to `ranks` by token count: longest first, each to the rank with
-    the fewest tokens so far (ties: the lowest rank). Deterministic on every rank."""
-    shares: list[list[TrainSequence]] = [[] for _ in range(ranks)]
+Item = TypeVar("Item", TrainSequence, SharedPrefix)
+
+
+def _tokens(item: TrainSequence | SharedPrefix) -> int:
+    return item.tokens if isinstance(item, SharedPrefix) else len(item.token_ids)
+
+
+def split_by_tokens(items: list[Item], ranks: int) -> list[list[Item]]:
+    """Deal sequences (or shared-prefix units) to `ranks` by token count: longest first,
+    each to the rank with the fewest tokens so far (ties: the lowest rank). Deterministic
+    on every rank."""
+    shares: list[list[Item]] = [[] for _ in range(ranks)]
     tokens = [0] * ranks
-    for sequence in sorted(sequences, key=lambda s: len(s.token_ids), reverse=True):
+    for item in sorted(items, key=_tokens, reverse=True):
         rank = tokens.index(min(tokens))
-        shares[rank].append(sequence)
-        tokens[rank] += len(sequence.token_ids)
+        shares[rank].append(item)
+        tokens[rank] += _tokens(item)
     return shares
 
 
@@ -69,13 +85,21 @@ class _RowLogprobs(torch.nn.Module):
         self.chunk = chunk
 
     def forward(
-        self, ids_1T: torch.Tensor, positions_1T: torch.Tensor, use_adapter: bool
+        self,
+        ids_1T: torch.Tensor,
+        positions_1T: torch.Tensor,
+        use_adapter: bool,
+        segments: tuple[Segment, ...] = (),
     ) -> torch.Tensor:
         causal_lm = self.peft_model.get_base_model()
         if use_adapter:
-            return chunked_token_logprobs(causal_lm, ids_1T, positions_1T, self.chunk)
+            return chunked_token_logprobs(
+                causal_lm, ids_1T, positions_1T, self.chunk, segments=segments
+            )
         with self.peft_model.disable_adapter():
-            return chunked_token_logprobs(causal_lm, ids_1T, positions_1T, self.chunk)
+            return chunked_token_logprobs(
+                causal_lm, ids_1T, positions_1T, self.chunk, segments=segments
+            )
 
 
 class _RankTrainer:
@@ -108,9 +132,9 @@ class _RankTrainer:
         positions = row.position_ids_T[None].to(self.device)
         with autocast(self.device):  # as LoraTrainer: bf16 only where it is fast
             if use_adapter:
-                return self.root(ids, positions, True)
+                return self.root(ids, positions, True, row.segments)
             with torch.no_grad():
-                return self.root(ids, positions, False)
+                return self.root(ids, positions, False, row.segments)
 
     # -- the step's hooks (step.py): this rank's share of the rows, sums over all ranks
 
@@ -119,8 +143,13 @@ class _RankTrainer:
         most any rank has (FSDP needs as many passes on every rank)."""
         import torch.distributed as dist
 
-        share = split_by_tokens(part, self.world)[self.rank]
-        rows = pack_sequences(share, config.micro_batch_tokens)
+        size = config.micro_batch_tokens
+        if config.share_prefix:  # whole units go to a rank: a prefix stays with its suffixes
+            rows = pack_shared(
+                split_by_tokens(share_prefixes(part, size), self.world)[self.rank], size
+            )
+        else:
+            rows = pack_sequences(split_by_tokens(part, self.world)[self.rank], size)
         most = int(self._reduce([len(rows)], dist.ReduceOp.MAX)[0])
         padding = pack_sequences([_PADDING_SEQUENCE], config.micro_batch_tokens)
         return rows + padding * (most - len(rows))

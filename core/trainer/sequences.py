@@ -16,6 +16,16 @@ Sequences are then packed into rows of at most `max_tokens` (first-fit decreasin
 position ids restart at each sequence, and the trainer gives each row a block-diagonal
 causal mask, so a sequence attends only to itself (a test checks that packed log-probs
 equal unpacked ones).
+
+Prefix sharing (`share_prefixes`, `pack_shared`): the samples of a GRPO group start with
+the same prompt, so packed one by one their prompt's forward and backward run once per
+sample. Sequences whose context starts with the same tokens are instead packed as the
+prefix once, then each sequence's suffix: the suffix attends to the prefix and causally to
+itself, its position ids continue from the prefix length, and its first token is
+predicted by the prefix's last hidden state. The prefix holds context tokens only, so the
+loss and its normaliser are unchanged; the gradient through the prefix's hidden states
+is the sum over its suffixes, as it would be over the repeated copies. Log-probs and
+gradients equal the unshared ones up to rounding (tests/unit/test_prefix_sharing.py).
 """
 
 from __future__ import annotations
@@ -30,11 +40,16 @@ from rlcoach.trainer.render import CLIENT_POLICY
 from rlcoach.types import SampledChoice, Trajectory
 
 __all__ = [
+    "MIN_SHARED_TOKENS",
     "PackedRow",
+    "Segment",
+    "SharedPrefix",
     "TrainSequence",
     "build_sequences",
     "check_logprobs",
     "pack_sequences",
+    "pack_shared",
+    "share_prefixes",
 ]
 
 LOGPROB_FLOOR = -9999.0
@@ -161,9 +176,108 @@ def build_sequences(
     return sequences
 
 
+MIN_SHARED_TOKENS = 8
+"""The shortest prefix worth sharing: below it the extra attention pieces cost about what
+the tokens saved would."""
+
+
+@dataclass(frozen=True, slots=True)
+class SharedPrefix:
+    """Sequences that start with the same `prefix_tokens` context tokens: packed as the
+    prefix once, then each sequence's remaining tokens (its suffix). `prefix_tokens` is 0
+    for a sequence that shares nothing (then `sequences` holds just it)."""
+
+    prefix_tokens: int
+    sequences: tuple[TrainSequence, ...]
+
+    @property
+    def tokens(self) -> int:
+        """Tokens this unit puts into a row."""
+        shared = self.prefix_tokens
+        return shared + sum(len(s.token_ids) - shared for s in self.sequences)
+
+
+def _context_length(sequence: TrainSequence) -> int:
+    """Tokens before the first sampled one, but at least one token left after them: the
+    most of the sequence a shared prefix may cover (it holds context only)."""
+    first_sampled = sequence.sampled_mask.index(1) if 1 in sequence.sampled_mask else 0
+    return min(first_sampled, len(sequence.token_ids) - 1)
+
+
+def _common_length(a: list[int], b: list[int], limit: int) -> int:
+    """Length of the longest common prefix of `a` and `b`, at most `limit` (binary
+    search on slice equality: the comparisons run in C)."""
+    low, high = 0, min(limit, len(a), len(b))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def share_prefixes(
+    sequences: list[TrainSequence], max_tokens: int, min_shared: int = MIN_SHARED_TOKENS
+) -> list[SharedPrefix]:
+    """Every sequence in exactly one unit; sequences whose context starts the same way
+    share that prefix (token-exact, context tokens only).
+
+    The sequences are sorted by their context tokens, so those that share the most are
+    neighbours (a GRPO group's samples share their whole prompt; different questions
+    behind one system prompt share less). A sweep then grows a unit while that does not
+    reduce the tokens saved, `(members - 1) x prefix`: a new sequence that shares a
+    shorter prefix joins only if the shorter prefix, counted once more, saves as much.
+    A unit longer than `max_tokens` is cut into units that fit, each with the prefix."""
+    units: list[SharedPrefix] = []
+    shared, members = 0, []
+    for sequence in sorted(sequences, key=lambda s: s.token_ids[: _context_length(s)]):
+        if members:
+            common = _common_length(
+                members[0].token_ids, sequence.token_ids, min(shared, _context_length(sequence))
+            )
+            if common >= min_shared and len(members) * common >= (len(members) - 1) * shared:
+                shared = common
+                members.append(sequence)
+                continue
+            units += _fit(shared, members, max_tokens, min_shared)
+        shared, members = _context_length(sequence), [sequence]
+    return units + _fit(shared, members, max_tokens, min_shared)
+
+
+def _fit(
+    shared: int, members: list[TrainSequence], max_tokens: int, min_shared: int
+) -> list[SharedPrefix]:
+    """`members` (sharing `shared` tokens) as units of at most `max_tokens` tokens."""
+    if len(members) < 2 or shared < min_shared:
+        return [SharedPrefix(0, (s,)) for s in members]
+    units: list[SharedPrefix] = []
+    chunk: list[TrainSequence] = []
+    size = shared
+    for sequence in sorted(members, key=lambda s: len(s.token_ids), reverse=True):
+        suffix = len(sequence.token_ids) - shared
+        if chunk and size + suffix > max_tokens:
+            units.append(SharedPrefix(shared if len(chunk) > 1 else 0, tuple(chunk)))
+            chunk, size = [], shared
+        chunk.append(sequence)
+        size += suffix
+    units.append(SharedPrefix(shared if len(chunk) > 1 else 0, tuple(chunk)))
+    return units
+
+
+Segment = tuple[int, int, int, int]
+"""`(start, end, context_start, context_end)`: row positions `start:end` attend causally
+to themselves and to all of `context_start:context_end` (their shared prefix; empty for a
+sequence or prefix of its own)."""
+
+
 @dataclass(frozen=True, slots=True)
 class PackedRow:
-    """Sequences concatenated into one row (batch size 1) for a forward pass."""
+    """Sequences concatenated into one row (batch size 1) for a forward pass.
+
+    Token `i` of the row (i >= 1) is predicted by the hidden state at `i - 1`, except the
+    first token of a suffix, which the last token of its prefix predicts (`segments`):
+    the token log-probs of a row line up with `input_ids_T[1:]` either way."""
 
     input_ids_T: torch.Tensor
     position_ids_T: torch.Tensor
@@ -171,39 +285,73 @@ class PackedRow:
     old_logprobs_T: torch.Tensor
     advantages_T: torch.Tensor
     sequence_lengths: tuple[int, ...]
+    """Lengths of the sequences whose tokens the row holds (before sharing)."""
+    segments: tuple[Segment, ...] = ()
+    """Attention pieces of the row (`Segment`); empty: one per sequence, found where the
+    position ids restart at 0."""
+
+
+def pack_shared(units: list[SharedPrefix], max_tokens: int) -> list[PackedRow]:
+    """First-fit decreasing packing of units; a unit longer than `max_tokens` gets its
+    own row. A shared prefix's positions run 0..P-1, each suffix's continue from P."""
+    bins: list[list[SharedPrefix]] = []
+    room: list[int] = []
+    for unit in sorted(units, key=lambda u: u.tokens, reverse=True):
+        for index, free in enumerate(room):
+            if unit.tokens <= free:
+                bins[index].append(unit)
+                room[index] -= unit.tokens
+                break
+        else:
+            bins.append([unit])
+            room.append(max_tokens - unit.tokens)
+    return [_row(members) for members in bins]
 
 
 def pack_sequences(sequences: list[TrainSequence], max_tokens: int) -> list[PackedRow]:
-    """First-fit decreasing packing; a sequence longer than `max_tokens` gets its own row."""
-    bins: list[list[TrainSequence]] = []
-    room: list[int] = []
-    for sequence in sorted(sequences, key=lambda s: len(s.token_ids), reverse=True):
-        size = len(sequence.token_ids)
-        for index, free in enumerate(room):
-            if size <= free:
-                bins[index].append(sequence)
-                room[index] -= size
-                break
-        else:
-            bins.append([sequence])
-            room.append(max_tokens - size)
-    rows = []
-    for members in bins:
-        ids, positions, mask, old, advantages = [], [], [], [], []
-        for s in members:
-            ids += s.token_ids
-            positions += range(len(s.token_ids))
-            mask += s.sampled_mask
-            old += s.old_logprobs
-            advantages += [s.advantage] * len(s.token_ids)
-        rows.append(
-            PackedRow(
-                input_ids_T=torch.tensor(ids, dtype=torch.long),
-                position_ids_T=torch.tensor(positions, dtype=torch.long),
-                sampled_mask_T=torch.tensor(mask, dtype=torch.float32),
-                old_logprobs_T=torch.tensor(old, dtype=torch.float32),
-                advantages_T=torch.tensor(advantages, dtype=torch.float32),
-                sequence_lengths=tuple(len(s.token_ids) for s in members),
-            )
-        )
-    return rows
+    """First-fit decreasing packing, no sharing; a sequence longer than `max_tokens` gets
+    its own row."""
+    return pack_shared([SharedPrefix(0, (s,)) for s in sequences], max_tokens)
+
+
+def _row(units: list[SharedPrefix]) -> PackedRow:
+    ids: list[int] = []
+    positions: list[int] = []
+    mask: list[int] = []
+    old: list[float] = []
+    advantages: list[float] = []
+    segments: list[Segment] = []
+
+    def add(s: TrainSequence, start: int, context: tuple[int, int]) -> None:
+        first = len(ids)
+        ids.extend(s.token_ids[start:])
+        positions.extend(range(start, len(s.token_ids)))
+        mask.extend(s.sampled_mask[start:])
+        old.extend(s.old_logprobs[start:])
+        advantages.extend([s.advantage] * (len(s.token_ids) - start))
+        segments.append((first, len(ids), *context))
+
+    for unit in units:
+        shared = unit.prefix_tokens
+        if shared == 0:
+            (sequence,) = unit.sequences
+            add(sequence, 0, (len(ids), len(ids)))
+            continue
+        first = len(ids)
+        ids.extend(unit.sequences[0].token_ids[:shared])
+        positions.extend(range(shared))
+        mask.extend([0] * shared)  # context only: never in the loss or its normaliser
+        old.extend([0.0] * shared)
+        advantages.extend([0.0] * shared)
+        segments.append((first, first + shared, first, first))
+        for sequence in unit.sequences:
+            add(sequence, shared, (first, first + shared))
+    return PackedRow(
+        input_ids_T=torch.tensor(ids, dtype=torch.long),
+        position_ids_T=torch.tensor(positions, dtype=torch.long),
+        sampled_mask_T=torch.tensor(mask, dtype=torch.float32),
+        old_logprobs_T=torch.tensor(old, dtype=torch.float32),
+        advantages_T=torch.tensor(advantages, dtype=torch.float32),
+        sequence_lengths=tuple(len(s.token_ids) for u in units for s in u.sequences),
+        segments=tuple(segments),
+    )

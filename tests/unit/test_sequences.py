@@ -213,3 +213,22 @@ def test_log_probs_the_endpoint_cannot_return_are_refused_before_training(logpro
     message = str(info.value)
     assert "'t-bad'" in message and reason in message and "choice 0 of the main history" in message
     assert "fix: record the choice through the policy endpoint" in message
+
+
+def test_shared_prefix_log_probs_and_gradients_equal_the_plain_ones(model_path, tokenizer):
+    """Prefix sharing on the bundled SmolLM2-135M, the demo's real prompts (system prompt,
+    worked examples, the add tool): two groups of three two-turn attempts; log-probs,
+    loss and LoRA gradients as without sharing (tests/shared_prompts.py; the tiny
+    model's check in either dtype is test_prefix_sharing.py)."""
+    from shared_prompts import assert_shared_equals_plain, demo_groups, perturb_adapter
+
+    from rlcoach.config import TrainConfig
+    from rlcoach.trainer.lora import LoraTrainer
+
+    config = TrainConfig(micro_batch_tokens=4096)
+    trainer = LoraTrainer(model_path, config, device="cpu")
+    perturb_adapter(trainer, seed=1)
+    plain_tokens, shared_tokens = assert_shared_equals_plain(
+        trainer, demo_groups(tokenizer, per_group=3), config
+    )
+    assert shared_tokens < 0.5 * plain_tokens

@@ -1,0 +1,104 @@
+"""Prefix sharing (trainer/sequences.py): a group's shared prompt runs once per row, and
+the step's log-probs and gradients equal those of the unshared packing (on the tiny
+random Llama here, in either CPU dtype: `make test` runs this file under both; the
+bundled model's check is in test_sequences.py). tests/shared_prompts.py has the groups
+and the comparison.
+"""
+
+import torch
+from shared_prompts import assert_shared_equals_plain, perturb_adapter, random_groups
+
+from rlcoach.config import TrainConfig
+from rlcoach.trainer.sequences import (
+    TrainSequence,
+    pack_sequences,
+    pack_shared,
+    share_prefixes,
+)
+from rlcoach.trainer.step import collect_sequences
+
+
+def test_prefixes_are_shared_within_a_group_and_every_token_is_kept():
+    groups = random_groups(seed=1, vocab=256)
+    sequences, _, _ = collect_sequences(groups, TrainConfig())
+    units = share_prefixes(sequences, max_tokens=4096)
+    assert sorted(id(s) for u in units for s in u.sequences) == sorted(id(s) for s in sequences)
+    # each group's whole prompt is shared by its sequences (the split trajectories'
+    # second sequences too: they start with the same prompt)
+    shared = [u for u in units if u.prefix_tokens]
+    assert len(shared) == 3
+    for unit in shared:
+        assert len({tuple(s.token_ids[: unit.prefix_tokens]) for s in unit.sequences}) == 1
+        assert len(unit.sequences) >= 4
+    (row,) = pack_shared(units, max_tokens=4096)
+    (plain,) = pack_sequences(sequences, max_tokens=4096)
+    assert row.sampled_mask_T.sum() == plain.sampled_mask_T.sum()
+    assert sorted(row.old_logprobs_T[row.sampled_mask_T.bool()].tolist()) == sorted(
+        plain.old_logprobs_T[plain.sampled_mask_T.bool()].tolist()
+    )
+    saved = sum((len(u.sequences) - 1) * u.prefix_tokens for u in shared)
+    assert row.input_ids_T.shape[0] == plain.input_ids_T.shape[0] - saved
+    # a suffix's positions continue from its prefix's length
+    start, _, context_start, context_end = next(s for s in row.segments if s[3] > s[2])
+    assert row.position_ids_T[start] == context_end - context_start
+
+
+def test_a_group_larger_than_a_row_is_cut_with_the_prefix_in_each_part():
+    prompt = list(range(10, 50))
+    sequences = [
+        TrainSequence([*prompt, *range(100 + i, 120 + i)], [0] * 40 + [1] * 20, [0.0] * 60, 1.0, "")
+        for i in range(6)
+    ]
+    units = share_prefixes(sequences, max_tokens=100)
+    assert [len(u.sequences) for u in units] == [3, 3]
+    assert all(u.prefix_tokens == 40 and u.tokens == 100 for u in units)
+    rows = pack_shared(units, max_tokens=100)
+    assert [int(r.input_ids_T.shape[0]) for r in rows] == [100, 100]
+    # nothing shorter than MIN_SHARED_TOKENS is shared
+    short = [TrainSequence([1, 2, 3, 4, i], [0, 0, 0, 1, 1], [0.0] * 5, 1.0, "") for i in range(3)]
+    assert all(u.prefix_tokens == 0 for u in share_prefixes(short, max_tokens=100))
+
+
+def test_shared_log_probs_and_gradients_equal_the_plain_ones_on_a_tiny_model(tiny_model):
+    """Tiny random Llama (GQA), KL term on (the reference pass shares too), rows small
+    enough that a group is cut over several rows."""
+    from rlcoach.trainer.lora import LoraTrainer
+
+    config = TrainConfig(micro_batch_tokens=160, kl_coef=0.05, logprob_chunk_tokens=64)
+    trainer = LoraTrainer(tiny_model, config, device="cpu")
+    perturb_adapter(trainer, seed=0)
+    plain_tokens, shared_tokens = assert_shared_equals_plain(
+        trainer, random_groups(seed=2, vocab=256), config
+    )
+    assert shared_tokens < 0.75 * plain_tokens
+
+
+def test_dense_mask_and_flash_bias_paths_agree_with_segment_attention(tiny_model, monkeypatch):
+    """The two other ways a shared row is attended (a dense [T x T] mask for models not
+    loaded with the segment attention; the lower-right causal bias a GPU uses) give the
+    segment attention's log-probs. The GPU's branch is forced on the CPU (the one seam
+    faked: no GPU here); torch runs its bias there with a materialised mask."""
+    from transformers import AutoModelForCausalLM
+
+    from rlcoach.trainer import attention
+    from rlcoach.trainer.attention import SEGMENT_ATTENTION, register_segment_attention
+    from rlcoach.trainer.lora import chunked_token_logprobs
+
+    register_segment_attention()
+    sequences, _, _ = collect_sequences(random_groups(seed=3, vocab=256), TrainConfig())
+    (row,) = pack_shared(share_prefixes(sequences, 4096), 4096)
+    ids, positions = row.input_ids_T[None], row.position_ids_T[None]
+    dense = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    fast = AutoModelForCausalLM.from_pretrained(
+        tiny_model, dtype=torch.float32, attn_implementation=SEGMENT_ATTENTION
+    )
+    with torch.no_grad():
+        want = chunked_token_logprobs(fast, ids, positions, 64, segments=row.segments)
+        got = chunked_token_logprobs(dense, ids, positions, 64, segments=row.segments)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+        original = attention._lower_right_causal
+        monkeypatch.setattr(
+            attention, "_lower_right_causal", lambda *args: original(*args[:-1], True)
+        )
+        flash = chunked_token_logprobs(fast, ids, positions, 64, segments=row.segments)
+    torch.testing.assert_close(flash, want, atol=1e-5, rtol=0)
