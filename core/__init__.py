@@ -24,7 +24,13 @@ from rlcoach.errors import (
     TrainingDataError,
     UnknownModelError,
 )
-from rlcoach.gather import AfterEach, RolloutFn, gather_trajectory_groups, retry
+from rlcoach.gather import (
+    AfterEach,
+    RolloutFn,
+    gather_trajectories,
+    gather_trajectory_groups,
+    retry,
+)
 from rlcoach.model import Model, PendingStep, TrainableModel
 from rlcoach.pipeline import PipelineStep, run_pipeline
 from rlcoach.remote import RemoteBackend
@@ -32,9 +38,13 @@ from rlcoach.rollout import Rollout, current_rollout_id
 from rlcoach.sinks import Sink, SinkConfig
 from rlcoach.types import (
     ChatRecord,
+    ClientChoice,
     History,
+    Messages,
+    MessagesAndChoices,
     RolloutFailure,
     SampledChoice,
+    Tools,
     Trajectory,
     TrajectoryGroup,
     Verdict,
@@ -52,6 +62,7 @@ __all__ = [
     "Backend",
     "ChatRecord",
     "CheckpointError",
+    "ClientChoice",
     "ConfigError",
     "DatasetBatch",
     "EngineConfig",
@@ -60,6 +71,8 @@ __all__ = [
     "History",
     "LocalBackend",
     "LoraConfig",
+    "Messages",
+    "MessagesAndChoices",
     "Model",
     "ModelUsage",
     "PendingStep",
@@ -76,6 +89,7 @@ __all__ = [
     "Sink",
     "SinkConfig",
     "StepResult",
+    "Tools",
     "TrainConfig",
     "TrainableModel",
     "TrainerError",
@@ -86,6 +100,7 @@ __all__ = [
     "Verdict",
     "__version__",
     "current_rollout_id",
+    "gather_trajectories",
     "gather_trajectory_groups",
     "iterate_dataset",
     "load_groups",
@@ -94,3 +109,32 @@ __all__ = [
     "save_groups",
     "tool_message",
 ]
+
+_ART_NAMES = {
+    "LocalAPI": "that is ART's old name; write LocalBackend()",
+    "API": "write LocalBackend() (or RemoteBackend(url) for `rlcoach serve`)",
+    "ServerlessBackend": "rlcoach has no hosted service; run `rlcoach serve` on a GPU machine "
+    "and use RemoteBackend(url)",
+    "SkyPilotBackend": "start `rlcoach serve` on the cluster (e.g. with SkyPilot) and use "
+    "RemoteBackend(url)",
+    "auto_trajectory": "open a scope instead: `async with model.rollout() as rollout:` records "
+    "every call made through model.openai_client()",
+    "capture_auto_trajectory": "open a scope instead: `async with model.rollout() as rollout:`",
+    "yield_trajectory": "return `rollout.trajectory` from a `model.rollout()` scope",
+    "capture_yielded_trajectory": "return `rollout.trajectory` from a `model.rollout()` scope",
+    "TrainSFTConfig": "write SFTConfig(...) and model.train_sft(data, config)",
+    "trajectory_group_batches": "write iterate_dataset(items, batch_size, epochs)",
+}
+"""ART names rlcoach does not have, and what to write instead."""
+
+
+def __getattr__(name: str) -> object:
+    if name == "dev":  # ART's `art.dev.InternalModelConfig(...)` and friends (dev.py)
+        import importlib
+
+        return importlib.import_module("rlcoach.dev")
+    if name in _ART_NAMES:
+        raise AttributeError(
+            f"module 'rlcoach' has no attribute {name!r} (an OpenPipe ART name): {_ART_NAMES[name]}"
+        )
+    raise AttributeError(f"module 'rlcoach' has no attribute {name!r}")

@@ -35,6 +35,7 @@ or the environment asks for (Langfuse, W&B), which never block or fail a step.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import ctypes
 import gc
@@ -44,12 +45,13 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from rlcoach.bundled import BUNDLED_MODEL, SHIPPED_MODELS, shipped_model_path
+from rlcoach.base_model import resolve_base_model, served_base_name
+from rlcoach.bundled import BUNDLED_MODEL
 from rlcoach.colocation import check_sleep_mode, release_gpu_cache, sleep_engine, wake_engine
 from rlcoach.config import EngineConfig, SFTConfig, TrainConfig, parse_config
 from rlcoach.engines.base import Engine
@@ -86,27 +88,19 @@ if TYPE_CHECKING:
     from rlcoach.model import TrainableModel
     from rlcoach.placement import Placement
 
-__all__ = ["STEP_RECORD", "Backend", "LocalBackend", "StepResult", "resolve_base_model"]
+__all__ = [
+    "STEP_RECORD",
+    "Backend",
+    "LocalBackend",
+    "StepResult",
+    "resolve_base_model",
+    "served_base_name",
+]
 
 STEP_RECORD = "rlcoach_step.json"
 """A file in each checkpoint folder: the request id and stats of the step that wrote it."""
 
 logger = logging.getLogger(__name__)
-
-
-def resolve_base_model(base_model: str) -> Path:
-    """A local model folder for `base_model` (a shipped model's name, or a path)."""
-    if base_model in SHIPPED_MODELS:
-        return shipped_model_path(base_model)
-    path = Path(base_model).expanduser()
-    if (path / "config.json").is_file():
-        return path
-    raise ConfigError(
-        f"base model {base_model!r} was not found: it is neither a shipped model "
-        f"({', '.join(SHIPPED_MODELS)}; {BUNDLED_MODEL!r} is the default) nor a folder "
-        "with a config.json; fix: pass a shipped model's name or a local model folder "
-        "(model hubs are not used), e.g. one written by `save_pretrained`"
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +117,9 @@ class StepResult:
     timings: dict[str, float] = field(default_factory=dict)
     """Phases of the step beside training, in seconds: `sleep_seconds` and
     `wake_seconds` of a sleeping engine (colocation.py)."""
+    rendering: dict[str, float] = field(default_factory=dict)
+    """Client-built trajectories rendered for this step (trainer/render.py): how many,
+    tokens re-tokenized, tokens without sampler log-probs."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -132,7 +129,18 @@ class StepResult:
             **self.timings,
             **(self.staleness.as_dict() if self.staleness is not None else {}),
             **self.stats.as_dict(),
+            **self.rendering,
         }
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """The step's numbers (ART's `TrainResult.metrics`): `as_dict()` without `step`."""
+        return {k: v for k, v in self.as_dict().items() if k != "step"}
+
+    @property
+    def checkpoint_path(self) -> str | None:
+        """The new checkpoint's folder as a string (ART's name), None if nothing trained."""
+        return None if self.checkpoint is None else str(self.checkpoint)
 
 
 @runtime_checkable
@@ -164,6 +172,18 @@ class Backend(Protocol):
     def paths(self, model: TrainableModel) -> RunPaths:
         """Folders for the model's files on the machine that runs the user code."""
 
+    async def delete_checkpoints(
+        self,
+        model: TrainableModel,
+        best_checkpoint_metric: str = "val/reward",
+        *,
+        keep_last: int = 1,
+        keep_best: int = 1,
+        best_mode: Literal["max", "min"] = "max",
+    ) -> list[int]:
+        """Delete the model's old checkpoints but the latest, the `keep_last` newest and
+        the `keep_best` best by the metric (evaluation.py); return the deleted steps."""
+
     async def close(self) -> None:
         """Release what the backend holds (engine, connections)."""
 
@@ -178,12 +198,26 @@ class LocalBackend:
         sinks: SinkConfig | dict[str, Any] | list[str | Sink] | None = None,
         max_trainers: int = 2,
         step_wait_timeout_s: float = 3600.0,
+        *,
+        path: str | os.PathLike[str] | None = None,
+        in_process: bool | None = None,
     ) -> None:
         """`sinks`: plug-in sinks by name (`["wandb"]`), `Sink` objects, or a `SinkConfig`
         (dict form accepted); Langfuse turns on by itself when its keys are set.
         `max_trainers`: trainers kept in memory (each holds a copy of the base model).
         `step_wait_timeout_s`: the longest a step waits for its model's previous step or
-        for a trainer slot (then a retryable `TrainerError`)."""
+        for a trainer slot (then a retryable `TrainerError`).
+        `path` is ART's name for `root`; `in_process` is accepted for ART's sake (the
+        trainer always runs in this process, vLLM always in its own)."""
+        if path is not None:
+            if Path(root) != DEFAULT_ROOT and Path(root) != Path(path):
+                raise ConfigError(
+                    f"root={str(root)!r} and path={str(path)!r} name the run folder twice; "
+                    "fix: give one of them"
+                )
+            root = path
+        if in_process is not None:
+            logger.info("LocalBackend(in_process=%s) has no effect in rlcoach", in_process)
         if max_trainers < 1:
             raise ConfigError(
                 f"max_trainers={max_trainers}: at least one trainer is needed; "
@@ -224,6 +258,15 @@ class LocalBackend:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def __enter__(self) -> LocalBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # ART opens its backend with a plain `with` inside async code, where `close()`
+        # cannot be awaited: it runs on an event loop of its own in a helper thread.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, self.close()).result()
+
     async def start(self, base_model: str = BUNDLED_MODEL) -> None:
         """Start the engine and the gateway now (`register` does it on first use)."""
         if self.gateway is None:
@@ -262,10 +305,25 @@ class LocalBackend:
             dtype=c.dtype,
         )
 
-    async def _start(self, base_model: str, train_config: TrainConfig) -> None:
+    async def _start(
+        self,
+        base_model: str,
+        train_config: TrainConfig,
+        engine_overrides: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Start the engine for `base_model`: `train_config` sizes the GPU memory check,
+        `engine_overrides` (a model's `EngineConfig` fields, from ART's `_internal_config`)
+        are applied to this backend's engine config first."""
         self._model_path = await asyncio.to_thread(resolve_base_model, base_model)
+        if engine_overrides:
+            fields = {**self.engine_config.model_dump(), **engine_overrides}
+            fields["extra_args"] = [
+                *self.engine_config.extra_args,
+                *engine_overrides.get("extra_args", []),
+            ]
+            self.engine_config = parse_config(EngineConfig, fields)
         c = self.engine_config
-        base_name = base_model if base_model in SHIPPED_MODELS else Path(base_model).name
+        base_name = served_base_name(base_model)
         engine = self._make_engine(self._model_path, base_name)
         placement = getattr(engine, "placement", None)
         resolved = placement() if callable(placement) else None
@@ -293,8 +351,15 @@ class LocalBackend:
 
     async def register(self, model: TrainableModel) -> None:
         if self.gateway is None:
-            await self._start(model.base_model, model.config)
-        elif model.base_model != self.base_model:
+            await self._start(model.base_model, model.config, model.engine_overrides)
+        elif model.engine_overrides:
+            logger.warning(
+                "model %s asks for engine settings %s, but the engine already runs; they "
+                "apply only to the model that starts it",
+                model.name,
+                model.engine_overrides,
+            )
+        if model.base_model != self.base_model:
             raise ConfigError(
                 f"model {model.name!r} wants base model {model.base_model!r} but this backend "
                 f"serves {self.base_model!r}; fix: use one LocalBackend per base model"
@@ -482,15 +547,24 @@ class LocalBackend:
         config: TrainConfig | dict[str, Any] | None = None,
         *,
         request_id: str | None = None,
+        **fields: Any,
     ) -> StepResult:
         """One step on `groups`; returns once the new adapter is served.
 
         `request_id` (the server passes the client's) is written into the checkpoint.
+        `fields`: settings for this step, as ART's `backend.train(model, groups,
+        learning_rate=...)` passes them — `TrainConfig` fields or ART's names for them
+        (art_config.py) — over `config`, or the model's config.
         """
         if self.gateway is None or model.name not in self._models:
             raise ConfigError(f"model {model.name!r} is not registered with this backend")
         train_config = parse_config(TrainConfig, config) if config is not None else model.config
         await asyncio.to_thread(check_groups, groups, self.training_limits())
+        if fields:
+            from rlcoach.art_config import train_options
+
+            update = train_options(fields)
+            train_config = parse_config(TrainConfig, {**train_config.model_dump(), **update})
         async with self._step_lock(model):
             return await self._train_step(model, groups, train_config, request_id)
 
@@ -507,8 +581,11 @@ class LocalBackend:
         started = time.perf_counter()
         sinks = self.sinks(model)
         next_step = model.step + 1
+        # Rendering checks client-built trajectories first: a refused one leaves no trace.
+        # Rendered replies have no policy version, so the staleness bound keeps them.
+        exact, rendering = await asyncio.to_thread(self._render, groups)
         sinks.log_trajectories(next_step, groups)
-        fresh, staleness = drop_stale(groups, model.name, model.step, train_config.max_staleness)
+        fresh, staleness = drop_stale(exact, model.name, model.step, train_config.max_staleness)
         if staleness.stale_dropped:
             logger.warning(
                 "step %d: %d trajectories sampled more than max_staleness=%d versions before "
@@ -556,9 +633,10 @@ class LocalBackend:
                 why,
                 model.step,
             )
-            result = StepResult(model.step, stats, None, 0.0, 0.0, staleness, timings)
+            result = StepResult(model.step, stats, None, 0.0, 0.0, staleness, timings, rendering)
             self._record(sinks, model, next_step, "skipped", result, groups, started, skip)
             return result
+        result = replace(result, rendering=rendering)
         self._record(sinks, model, next_step, "train", result, groups, started)
         return result
 
@@ -612,6 +690,17 @@ class LocalBackend:
             "policy": model.served_name,
         }
         self.sinks(model).log_metrics(step, record)
+
+    def _render(self, groups: list[TrajectoryGroup]) -> tuple[list[TrajectoryGroup], dict]:
+        """Client-built trajectories rendered with the chat template (trainer/render.py);
+        recorded ones pass as they are."""
+        from rlcoach.trainer.render import RenderStats, client_built, render_groups
+
+        if not client_built(groups):
+            return groups, RenderStats().as_dict()
+        rendered, stats = render_groups(groups, self._tokenizer(), self._model_path)
+        logger.info("rendered %d client-built trajectories: %s", stats.trajectories, stats)
+        return rendered, stats.as_dict()
 
     async def train_sft(
         self,
@@ -690,6 +779,51 @@ class LocalBackend:
             await self._open_requests()
         self._record(self.sinks(model), model, next_step, "sft", result, [], started)
         return result
+
+    async def log(
+        self,
+        model: TrainableModel,
+        groups: list[TrajectoryGroup],
+        split: str = "val",
+        *,
+        metrics: Mapping[str, float] | None = None,
+        step: int | None = None,
+    ) -> dict[str, Any]:
+        """Record groups that were not trained on (evaluation.py); returns the record."""
+        from rlcoach.evaluation import eval_record
+
+        record = {**eval_record(groups, split, metrics), "policy": model.served_name}
+        at = model.step if step is None else step
+        return await asyncio.to_thread(self.sinks(model).log_evaluation, at, split, groups, record)
+
+    async def delete_checkpoints(
+        self,
+        model: TrainableModel,
+        best_checkpoint_metric: str = "val/reward",
+        *,
+        keep_last: int = 1,
+        keep_best: int = 1,
+        best_mode: Literal["max", "min"] = "max",
+    ) -> list[int]:
+        """Delete old checkpoints of `model` (evaluation.py says which stay), between its
+        steps (under the step lock: a step in flight is committing a folder of its own)."""
+        from rlcoach.evaluation import delete_checkpoints
+
+        def forget(step: int) -> None:
+            if self.gateway is not None:
+                self.gateway.router.checkpoints.pop(f"{model.name}@{step}", None)
+
+        async with self._step_lock(model):
+            return await asyncio.to_thread(
+                delete_checkpoints,
+                self.paths(model),
+                model.step,
+                best_checkpoint_metric,
+                keep_last=keep_last,
+                keep_best=keep_best,
+                best_mode=best_mode,
+                forget=forget,
+            )
 
     def _tokenizer(self) -> Any:
         if self._tokenizer_cache is None:

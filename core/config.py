@@ -81,7 +81,8 @@ class TrainConfig(_Strict):
     scale_rewards: bool = False
     """Divide advantages by the group's reward std (the GRPO paper) or not (Dr.GRPO)."""
     kl_coef: float = Field(0.0, ge=0.0)
-    """Weight of the k3 KL estimate to the base model (0 skips the reference pass)."""
+    """Weight of the k3 KL estimate to the base model (0 skips the reference pass); ART's
+    and TRL's `beta` is the same quantity and is accepted as an alias."""
     tis_cap: float | None = Field(None, ge=1.0)
     """Truncated importance sampling (Yao et al., 2025): weight each token's loss by
     `min(pi_trainer / pi_sampler, tis_cap)` and take the PPO ratio against the trainer's
@@ -124,6 +125,27 @@ class TrainConfig(_Strict):
     (pipeline.py); 0 is strictly on-policy."""
     lora: LoraConfig = Field(default_factory=LoraConfig)
     seed: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _beta_is_kl_coef(cls, data: Any) -> Any:
+        # ART's TrainConfig(beta=...) and TRL's GRPOConfig(beta=...) weigh the same k3
+        # estimate of the KL to the reference model, added per token to the loss.
+        if isinstance(data, dict) and "beta" in data:
+            data = dict(data)
+            beta = data.pop("beta")
+            if "kl_coef" in data and data["kl_coef"] != beta:
+                raise ValueError(
+                    f"beta={beta!r} and kl_coef={data['kl_coef']!r} name the same KL weight "
+                    "with two values; fix: give one of them"
+                )
+            data["kl_coef"] = beta
+        return data
+
+    @property
+    def beta(self) -> float:
+        """`kl_coef` under ART's and TRL's name."""
+        return self.kl_coef
 
 
 class SFTConfig(_Strict):

@@ -65,7 +65,7 @@ def _imitable(trajectory: Trajectory) -> bool:
 
 
 async def collect_demonstrations(
-    teacher: Model,
+    teacher: Model | str,
     rollout: Callable[[Model, Task], Awaitable[Trajectory]],
     tasks: Sequence[Task],
     *,
@@ -75,7 +75,12 @@ async def collect_demonstrations(
     max_failure_fraction: float = 0.5,
     progress: bool = True,
 ) -> Demonstrations:
-    """Run `rollout(teacher, task)` `samples_per_task` times per task; keep the good ones."""
+    """Run `rollout(teacher, task)` `samples_per_task` times per task; keep the good ones.
+
+    `teacher` is a `Model` or a `provider/model` string ("openai/gpt-4.1", providers.py)."""
+    from rlcoach.providers import as_model
+
+    teacher = as_model(teacher)
     if samples_per_task < 1:
         raise ConfigError(
             f"samples_per_task={samples_per_task!r} is below 1: each task needs a teacher "

@@ -1,21 +1,27 @@
 """Models: the policy being trained, and plain models served elsewhere.
 
 `Model` is anything behind an OpenAI-compatible URL (a judge, a baseline, a hosted API;
-its key is read from the environment variable you name, never stored). `TrainableModel`
-is the policy: a name, a project, a base model and a training config. Once registered
-with a backend it is served as `name@step`; `openai_client()` points at the backend's
-policy endpoint, and `rollout()` opens a recording scope.
+its key is read from the environment variable you name, never stored; providers.py
+builds one from a `provider/model` string). `TrainableModel` is the policy: a name, a
+project, a base model (a shipped name, a folder or a hub id, base_model.py) and a training
+config. Once registered with a backend it is served as `name@step` (and as `name`, its
+latest step); `openai_client()` points at the backend's policy endpoint, `rollout()`
+opens a recording scope, `train()` runs a step, `log()` records evaluation groups and
+`delete_checkpoints()` prunes old steps — the last three as ART spells them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import httpx
+from pydantic import BaseModel
 
+from rlcoach.art_config import internal_config, train_options
+from rlcoach.base_model import parse_hub_id
 from rlcoach.bundled import BUNDLED_MODEL
 from rlcoach.capture import CapturedRollout, ClientRecorder
 from rlcoach.config import SFTConfig, TrainConfig, check_name, parse_config
@@ -55,11 +61,26 @@ class Model:
         api_key_env: str | None = None,
         timeout_s: float = 600.0,
         max_retries: int = 2,
+        project: str | None = None,
+        inference_base_url: str | None = None,
+        inference_model_name: str | None = None,
+        inference_api_key: str | None = None,
     ) -> None:
+        """`project`, `inference_base_url` and `inference_model_name` are ART's spellings
+        (the last two of `base_url` and the name requests carry); a key is never taken
+        as a value — name its environment variable in `api_key_env`."""
         if not isinstance(name, str) or not name:
             raise ConfigError(f"model name {name!r} must be a non-empty string")
-        self.name = name
-        self.base_url = base_url
+        if inference_api_key is not None:
+            raise ConfigError(
+                f"model {name!r} was given its API key as a value (ART's inference_api_key); "
+                "rlcoach reads keys from the environment when a request is made and never "
+                "keeps them; fix: pass api_key_env='OPENAI_API_KEY' (the variable's name), or "
+                "name the model as 'provider/model' where a judge is taken"
+            )
+        self.name = inference_model_name or name
+        self.project = project
+        self.base_url = base_url or inference_base_url
         self.api_key_env = api_key_env
         self.timeout_s = timeout_s
         self.max_retries = max_retries
@@ -69,6 +90,15 @@ class Model:
     def served_name(self) -> str:
         """The name to put in a request's `model` field."""
         return self.name
+
+    def get_inference_name(self) -> str:
+        """The name to put in a request's `model` field (ART's name for it): a trainable
+        model's plain name, which always means its latest step."""
+        return self.name
+
+    @property
+    def trainable(self) -> bool:
+        return False
 
     def _endpoint(self) -> str:
         if self.base_url is None:
@@ -147,6 +177,17 @@ class Model:
         )
 
 
+def _train_config(config: Any) -> TrainConfig:
+    if isinstance(config, BaseModel) and not isinstance(config, TrainConfig):
+        raise ConfigError(
+            f"config={type(config).__name__}(...) is not a TrainConfig: in rlcoach a "
+            "model's `config` is its training config (ART's `config=` holds your own "
+            "settings); fix: keep your settings in a variable of your own and pass "
+            "config=TrainConfig(...) (or a dict of its fields, or nothing)"
+        )
+    return parse_config(TrainConfig, config)
+
+
 class PendingStep:
     """A training step running in the background (`model.train(groups, wait=False)`).
 
@@ -180,14 +221,53 @@ class TrainableModel(Model):
         project: str,
         base_model: str = BUNDLED_MODEL,
         config: TrainConfig | dict[str, Any] | None = None,
+        *,
+        revision: str | None = None,
+        _internal_config: Mapping[str, Any] | None = None,
     ) -> None:
+        """`base_model`: a shipped model's name, a local folder, or a Hugging Face hub id
+        (`org/name`, `org/name@rev`; `revision` is the same as the `@rev` suffix).
+        `_internal_config`: ART's dict of engine, LoRA and trainer knobs (art_config.py)."""
         super().__init__(check_name("model", name))
         self.project = check_name("project", project)
-        self.base_model = base_model
-        self.config = parse_config(TrainConfig, config)
+        ref = parse_hub_id(base_model, revision) if isinstance(base_model, str) else None
+        if revision is not None and ref is None:
+            raise ConfigError(
+                f"revision={revision!r} was given for base model {base_model!r}, which is "
+                "not a hub id; fix: drop revision, or name a hub model like 'org/name'"
+            )
+        self.base_model = str(ref) if ref is not None and ref.revision else base_model
+        """The base model as the backend resolves it (a hub id carries its `@revision`)."""
+        self.config = _train_config(config)
+        self.engine_overrides: dict[str, Any] = {}
+        """`EngineConfig` fields this model asks of the engine (from `_internal_config`);
+        a `LocalBackend` applies them when it starts the engine for this model."""
         self.step = 0
         self._backend: Backend | None = None
         self._last_step: asyncio.Task[Any] | None = None
+        self._art_internal: Mapping[str, Any] | None = None
+        if _internal_config is not None:
+            self._internal_config = _internal_config
+
+    @property
+    def _internal_config(self) -> Mapping[str, Any] | None:
+        """ART's `_internal_config`, as given (its translation is already applied)."""
+        return self._art_internal
+
+    @_internal_config.setter
+    def _internal_config(self, value: Mapping[str, Any] | None) -> None:
+        translated = internal_config(value)
+        if translated.lora or translated.train:
+            fields = self.config.model_dump()
+            fields.update(translated.train)
+            fields["lora"] = {**fields["lora"], **translated.lora}
+            self.config = parse_config(TrainConfig, fields)
+        self.engine_overrides = translated.engine
+        self._art_internal = value
+
+    @property
+    def trainable(self) -> bool:
+        return True
 
     @property
     def backend(self) -> Backend:
@@ -213,6 +293,10 @@ class TrainableModel(Model):
         await backend.register(self)
         self._backend = backend
 
+    async def get_step(self) -> int:
+        """The model's current step (ART's spelling; `model.step` holds the same)."""
+        return self.step
+
     def rollout(self, **metadata: Scalar) -> Rollout:
         """A scope whose policy calls become one trajectory."""
         return Rollout(self.backend, **metadata)
@@ -234,8 +318,10 @@ class TrainableModel(Model):
     @overload
     async def train(
         self,
-        groups: list[TrajectoryGroup],
+        groups: Iterable[TrajectoryGroup],
         config: TrainConfig | dict[str, Any] | None = None,
+        _config: Mapping[str, Any] | None = None,
+        verbose: bool = False,
         *,
         wait: Literal[True] = True,
     ) -> StepResult: ...
@@ -243,16 +329,20 @@ class TrainableModel(Model):
     @overload
     async def train(
         self,
-        groups: list[TrajectoryGroup],
+        groups: Iterable[TrajectoryGroup],
         config: TrainConfig | dict[str, Any] | None = None,
+        _config: Mapping[str, Any] | None = None,
+        verbose: bool = False,
         *,
         wait: Literal[False],
     ) -> PendingStep: ...
 
     async def train(
         self,
-        groups: list[TrajectoryGroup],
+        groups: Iterable[TrajectoryGroup],
         config: TrainConfig | dict[str, Any] | None = None,
+        _config: Mapping[str, Any] | None = None,
+        verbose: bool = False,
         *,
         wait: bool = True,
     ) -> StepResult | PendingStep:
@@ -262,10 +352,70 @@ class TrainableModel(Model):
         (with the current version) while the step trains; `pipeline.py` builds the
         async loop on it. Samples staler than `TrainConfig.max_staleness` versions when
         the step starts are dropped and counted (staleness.py).
+
+        `_config` takes ART's per-step options (`logprob_calculation_chunk_size`,
+        `epsilon`, ...; art_config.py); `verbose` is accepted for ART's sake.
         """
+        groups = list(groups)
+        for group in groups:
+            if isinstance(group, TrajectoryGroup) and group.pending:
+                raise ConfigError(
+                    "a TrajectoryGroup given to train still holds rollouts that have not run; "
+                    "fix: train on what `await gather_trajectory_groups(...)` returns"
+                )
+        if _config:
+            base = parse_config(TrainConfig, config) if config is not None else self.config
+            config = parse_config(TrainConfig, {**base.model_dump(), **train_options(_config)})
         backend = self.backend
         pending = PendingStep(self._queued(lambda: backend.train(self, groups, config)), self.step)
         return await pending if wait else pending
+
+    async def log(
+        self,
+        trajectories: Iterable[Trajectory | BaseException] | Iterable[TrajectoryGroup],
+        split: str = "val",
+        *,
+        metrics: Mapping[str, float] | None = None,
+        step: int | None = None,
+    ) -> None:
+        """Record groups that are not trained on (a validation set, say) with their
+        numbers, at the current step (or `step`), to every sink and the report; see
+        evaluation.py. `metrics`: more numbers for the record (named `<split>/<key>`)."""
+        log = getattr(self.backend, "log", None)
+        if log is None:
+            raise ConfigError(
+                f"the {type(self.backend).__name__} of model {self.name!r} cannot record "
+                "evaluations yet; fix: record them with a LocalBackend, or score them "
+                "yourself and keep the groups with save_groups(path, groups)"
+            )
+        from rlcoach.evaluation import as_groups, check_split
+
+        await log(
+            self,
+            as_groups(trajectories),
+            check_split(split),
+            metrics=metrics,
+            step=self.step if step is None else step,
+        )
+
+    async def delete_checkpoints(
+        self,
+        best_checkpoint_metric: str = "val/reward",
+        *,
+        keep_last: int = 1,
+        keep_best: int = 1,
+        best_mode: Literal["max", "min"] = "max",
+    ) -> list[int]:
+        """Delete old checkpoints, keeping the latest (always), the `keep_last` newest and
+        the `keep_best` best by `best_checkpoint_metric` (a number in the run's metrics,
+        e.g. "val/reward" from `log()`); returns the deleted steps."""
+        return await self.backend.delete_checkpoints(
+            self,
+            best_checkpoint_metric,
+            keep_last=keep_last,
+            keep_best=keep_best,
+            best_mode=best_mode,
+        )
 
     async def train_sft(
         self,

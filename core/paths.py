@@ -56,11 +56,14 @@ class RunPaths:
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints / f"{step:06d}"
 
-    def trajectory_file(self, step: int, skip: int = 0) -> Path:
+    def trajectory_file(self, step: int, skip: int = 0, split: str | None = None) -> Path:
         """The groups trained at `step`; `skip` > 0: those of its `skip`-th attempt that
-        trained nothing (no group had reward variance), kept beside it."""
+        trained nothing (no group had reward variance), kept beside it; with a `split`,
+        the groups `model.log` recorded for that split at `step`
+        (`trajectories/<split>/<step>.jsonl`)."""
         suffix = f"-skip{skip}" if skip else ""
-        return self.trajectories / f"{step:06d}{suffix}.jsonl"
+        folder = self.trajectories / split if split else self.trajectories
+        return folder / f"{step:06d}{suffix}.jsonl"
 
     def skipped_attempts(self, step: int) -> int:
         """How many attempts at `step` were skipped so far (their files are on disk)."""

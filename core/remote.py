@@ -23,10 +23,10 @@ import logging
 import os
 import uuid
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
@@ -42,6 +42,7 @@ from rlcoach.types import ChatRecord, Trajectory, TrajectoryGroup
 from rlcoach.wire import (
     API_PREFIX,
     CheckpointList,
+    LogRequest,
     ModelRef,
     RegisterResponse,
     SFTRequest,
@@ -150,9 +151,19 @@ class RemoteBackend:
         model: TrainableModel,
         groups: list[TrajectoryGroup],
         config: TrainConfig | dict[str, Any] | None = None,
+        **options: Any,
     ) -> StepResult:
-        """Upload the groups and wait for the step; retried with one request id."""
+        """Upload the groups and wait for the step; retried with one request id.
+
+        `options`: settings for this step as ART's `backend.train(model, groups,
+        learning_rate=...)` passes them (art_config.py), over `config` or the model's."""
         train_config = parse_config(TrainConfig, config) if config is not None else None
+        if options:
+            from rlcoach.art_config import train_options
+
+            base = train_config or model.config
+            update = train_options(options)
+            train_config = parse_config(TrainConfig, {**base.model_dump(), **update})
         request = TrainRequest(
             request_id=uuid.uuid4().hex,
             model=_ref(model, model.config),
@@ -160,6 +171,26 @@ class RemoteBackend:
             config=train_config,
         )
         return await self._submit(model, "train", request, progress=False)
+
+    async def log(
+        self,
+        model: TrainableModel,
+        groups: list[TrajectoryGroup],
+        split: str = "val",
+        *,
+        metrics: Mapping[str, float] | None = None,
+        step: int | None = None,
+    ) -> dict[str, Any]:
+        """Record groups that were not trained on, on the server (evaluation.py)."""
+        request = LogRequest(
+            model=_ref(model, model.config),
+            groups=groups,
+            split=split,
+            step=step,
+            metrics=dict(metrics or {}),
+        )
+        response = await self._call("POST", f"{API_PREFIX}/log", content=request.model_dump_json())
+        return dict(response.json()["record"])
 
     async def train_sft(
         self,
@@ -261,6 +292,33 @@ class RemoteBackend:
 
     async def delete_checkpoint(self, model: TrainableModel, step: int) -> None:
         await self._call("DELETE", _model_path(model) + f"/checkpoints/{step}")
+
+    async def delete_checkpoints(
+        self,
+        model: TrainableModel,
+        best_checkpoint_metric: str = "val/reward",
+        *,
+        keep_last: int = 1,
+        keep_best: int = 1,
+        best_mode: Literal["max", "min"] = "max",
+    ) -> list[int]:
+        """The server's checkpoints of `model` but those evaluation.py keeps, deleted."""
+        from rlcoach.retention import SCORED_EVENTS, metric_by_step, steps_to_keep
+
+        listed = await self.checkpoints(model)
+        records = (await self.metrics(model)).get("records", [])
+        keep = steps_to_keep(
+            [c.step for c in listed.checkpoints],
+            listed.latest,
+            keep_last=keep_last,
+            keep_best=keep_best,
+            scores=metric_by_step(records, best_checkpoint_metric, SCORED_EVENTS),
+            mode=best_mode,
+        )
+        deleted = sorted(c.step for c in listed.checkpoints if c.step not in keep)
+        for step in deleted:
+            await self.delete_checkpoint(model, step)
+        return deleted
 
     async def metrics(self, model: TrainableModel | None = None) -> dict[str, Any]:
         """The server's counters, or a model's step records when `model` is given."""

@@ -6,14 +6,15 @@ file (the charts are PNGs from matplotlib, embedded), so it can be mailed or arc
 
 The page: reward (mean ± std, min and max) and success curves per step — computed from
 the trajectory files, so skipped steps and runs older than the metrics' reward columns
-show too; a per-step table (rewards, failures, loss, KL, grad norm, the sampler/trainer
-mismatch, tokens, timings, sink errors) and a chart of the mismatch; and for each step a
-sample of trajectories (the best and the worst of each group), each with its reward and
-advantage, metadata, the judge's explanation and logs, its tool calls, and its token
-sequences exactly as the trainer sees them (the same `build_sequences`): context tokens
-plain, sampled — trained — tokens highlighted, tokens a sampling constraint forced (sampled,
-not trained) struck through in grey, decoded one by one with the base model's tokenizer.
-Without a tokenizer the messages are shown, sampled replies highlighted.
+show too; the evaluations `model.log` recorded (`<split>/reward` per step and split,
+chart and table); a per-step table (rewards, failures, loss, KL, grad norm, the
+sampler/trainer mismatch, tokens, timings, sink errors) and a chart of the mismatch; and
+for each step a sample of trajectories (the best and the worst of each group), each with
+its reward and advantage, metadata, the judge's explanation and logs, its tool calls, and
+its token sequences exactly as the trainer sees them (the same `build_sequences`): context
+tokens plain, sampled — trained — tokens highlighted, tokens a sampling constraint forced
+(sampled, not trained) struck through in grey, decoded one by one with the base model's
+tokenizer. Without a tokenizer the messages are shown, sampled replies highlighted.
 """
 
 from __future__ import annotations
@@ -145,7 +146,21 @@ def _png(figure: Any) -> str:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
-def _charts(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+def _eval_records(run: RunRecord) -> list[dict[str, Any]]:
+    """The `model.log` records: event `eval`, a split, a step and its mean reward."""
+    return [
+        r
+        for r in run.metrics
+        if r.get("event") == "eval"
+        and isinstance(r.get("split"), str)
+        and isinstance(r.get("step"), int)
+        and isinstance(r.get(f"{r['split']}/reward"), int | float)
+    ]
+
+
+def _charts(
+    rows: list[dict[str, Any]], evals: list[dict[str, Any]] | None = None
+) -> list[tuple[str, str]]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -194,6 +209,19 @@ def _charts(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
         axes.grid(alpha=0.3)
         charts.append(("Success", _png(figure)))
         plt.close(figure)
+    if evals:
+        figure, axes = plt.subplots(figsize=(6.4, 3.4))
+        for split in sorted({e["split"] for e in evals}):
+            points = [(e["step"], e[f"{split}/reward"]) for e in evals if e["split"] == split]
+            axes.plot(*zip(*points, strict=True), marker="s", label=f"{split}/reward")
+        axes.set_xlabel("training step (checkpoint evaluated)")
+        axes.set_ylabel("mean reward")
+        axes.set_title("Evaluations (model.log)")
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=8)
+        charts.append(("Evaluations", _png(figure)))
+        plt.close(figure)
     measured = [r for r in rows if "mismatch_abs_mean" in r["record"]]
     if measured:
         steps = [r["step"] for r in measured]
@@ -225,7 +253,7 @@ def _tokenizer(run: RunRecord, override: str | os.PathLike[str] | None) -> Any:
         if not base:
             return None
         try:
-            from rlcoach.backend import resolve_base_model
+            from rlcoach.base_model import resolve_base_model
 
             source = resolve_base_model(base)
         except Exception as e:
@@ -363,6 +391,38 @@ def _table(rows: list[dict[str, Any]]) -> str:
     )
 
 
+def _eval_table(evals: list[dict[str, Any]]) -> str:
+    if not evals:
+        return ""
+    body = []
+    for record in evals:
+        split = record["split"]
+        others = ", ".join(
+            f"{html.escape(k.removeprefix(split + '/'))}={_num(v)}"
+            for k, v in sorted(record.items())
+            if k.startswith(split + "/")
+            and k.split("/", 1)[1] not in {"reward", "reward_std", "rollouts", "rollout_failures"}
+        )
+        cells = [
+            _num(record["step"]),
+            html.escape(split),
+            _num(record.get(f"{split}/reward")),
+            _num(record.get(f"{split}/reward_std")),
+            _num(record.get(f"{split}/rollouts"), 0),
+            _num(record.get(f"{split}/rollout_failures"), 0),
+            others or "-",
+        ]
+        body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    head = ("step", "split", "reward mean", "± std", "rollouts", "failed", "other metrics")
+    return (
+        "<h2>Evaluations</h2><table class='steps'><tr>"
+        + "".join(f"<th>{h}</th>" for h in head)
+        + "</tr>"
+        + "".join(body)
+        + "</table>"
+    )
+
+
 def _sample(groups: list[TrajectoryGroup], per_step: int) -> list[tuple[int, float, Trajectory]]:
     """The best and the worst attempt of each group, until `per_step` are chosen."""
     chosen: list[tuple[int, float, Trajectory]] = []
@@ -448,7 +508,11 @@ span.f{color:#999;background:#eee;text-decoration:line-through}
 
 
 def _page(
-    run: RunRecord, rows: list[dict[str, Any]], charts: list[tuple[str, str]], steps_html: str
+    run: RunRecord,
+    rows: list[dict[str, Any]],
+    charts: list[tuple[str, str]],
+    steps_html: str,
+    evals_html: str = "",
 ) -> str:
     title = f"{run.info.get('project', run.dir.parent.name)}/{run.info.get('model', run.dir.name)}"
     trained = sum(1 for r in rows if r["event"] == "train")
@@ -467,6 +531,7 @@ trained, {skipped} skipped · mean reward {_num(first)} at the first step → {_
 last · run folder <code>{html.escape(str(run.dir))}</code></p>
 <div class="charts">{images or "<p class='note'>no rewards recorded yet</p>"}</div>
 <h2>Steps</h2>{_table(rows)}
+{evals_html}
 <h2>Trajectories</h2><p class="legend sub">The best and the worst attempt of each group.
 Token view: <span class="t">highlighted</span> tokens were sampled by the policy and are the
 ones trained on (weighted by the advantage); <span class="f">struck-through</span> tokens were
@@ -504,5 +569,6 @@ def write_report(
                     for k, (n, mean, t) in enumerate(chosen)
                 )
             )
-    page = _page(run, rows, _charts(rows), "".join(sections))
+    evals = _eval_records(run)
+    page = _page(run, rows, _charts(rows, evals), "".join(sections), _eval_table(evals))
     return write_text_atomic(Path(output) if output else run.dir / "report.html", page)

@@ -6,8 +6,10 @@ ever removes them. After each finished step `rlcoach serve` applies a `Retention
 
 - checkpoints: the latest always stays; so do the `keep_last` newest, the `keep_best`
   best by `best_metric` (read from `metrics.jsonl`: the step's record, e.g. `reward_mean`
-  of the trajectories it trained on, or any number a sink wrote there), and every step
-  in `pinned`. `keep_last=None` (the default) keeps them all.
+  of the trajectories it trained on, an evaluation's `val/reward` from `model.log`, or
+  any number a sink wrote there), and every step in `pinned`. `keep_last=None` (the
+  default) keeps them all. `steps_to_keep` is the rule; `model.delete_checkpoints()`
+  applies the same one (evaluation.py), on this machine or through serve.
 - optimizer states: only the newest `optimizer_keep_last` checkpoints keep theirs (a
   model resumes from its latest; an older checkpoint stays servable without one).
 - request files (`requests/<id>.jsonl` and `<id>.result.json`): the newest
@@ -26,16 +28,27 @@ import logging
 import math
 import os
 import shutil
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
+from rlcoach.errors import ConfigError
 from rlcoach.paths import RunPaths
 from rlcoach.validation import Config
 
-__all__ = ["Pruned", "RetentionConfig", "apply_retention", "remove_checkpoint"]
+__all__ = [
+    "SCORED_EVENTS",
+    "Pruned",
+    "RetentionConfig",
+    "apply_retention",
+    "metric_by_step",
+    "read_metric",
+    "remove_checkpoint",
+    "steps_to_keep",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -89,26 +102,68 @@ def remove_checkpoint(folder: Path) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
-def _best_steps(paths: RunPaths, config: RetentionConfig) -> set[int]:
-    if config.keep_best == 0 or not paths.metrics.is_file():
-        return set()
-    scores: dict[int, float] = {}
-    for line in paths.metrics.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError):
-            continue  # a line torn by a crash
-        value = record.get(config.best_metric) if isinstance(record, dict) else None
-        step = record.get("step") if isinstance(record, dict) else None
+def metric_by_step(
+    records: Iterable[Any], metric: str, events: Container[str] | None = None
+) -> dict[int, float]:
+    """`metric`'s value per step in `metrics.jsonl` records (the mean where a step has
+    several), from records of `events` (None: any); non-finite values are skipped."""
+    values: dict[int, list[float]] = {}
+    for record in records:
+        if not isinstance(record, dict) or (
+            events is not None and record.get("event") not in events
+        ):
+            continue
+        value, step = record.get(metric), record.get("step")
         if (
-            record.get("event") in ("train", "sft")
-            and isinstance(step, int)
+            isinstance(step, int)
             and isinstance(value, int | float)
+            and not isinstance(value, bool)
             and math.isfinite(value)
         ):
-            scores[step] = float(value)
-    ranked = sorted(scores, key=scores.__getitem__, reverse=config.best_mode == "max")
-    return set(ranked[: config.keep_best])
+            values.setdefault(step, []).append(float(value))
+    return {step: sum(v) / len(v) for step, v in values.items()}
+
+
+SCORED_EVENTS = ("train", "sft", "eval")
+"""Records a best metric is read from: steps (their rollouts' numbers) and evaluations
+(`model.log`'s `<split>/...`); a skipped attempt's record is not a checkpoint's."""
+
+
+def read_metric(metrics_file: Path, metric: str) -> dict[int, float]:
+    """`metric` per step in a run's `metrics.jsonl` (`SCORED_EVENTS`; torn lines skipped)."""
+    if not metrics_file.is_file():
+        return {}
+    records = []
+    for line in metrics_file.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except (ValueError, RecursionError):
+            continue  # a line torn by a crash
+    return metric_by_step(records, metric, SCORED_EVENTS)
+
+
+def steps_to_keep(
+    steps: Iterable[int],
+    latest: int,
+    *,
+    keep_last: int = 1,
+    keep_best: int = 0,
+    scores: Mapping[int, float] | None = None,
+    mode: Literal["max", "min"] = "max",
+) -> set[int]:
+    """The checkpoint steps a retention rule keeps: `latest` always, the `keep_last`
+    newest, and the `keep_best` best by `scores` among the existing checkpoints."""
+    if keep_last < 1 or keep_best < 0:
+        raise ConfigError(
+            f"keep_last={keep_last!r} must be at least 1 and keep_best={keep_best!r} at "
+            "least 0; fix: e.g. keep_last=1, keep_best=1 (the latest and the best)"
+        )
+    if mode not in ("max", "min"):
+        raise ConfigError(f"best_mode={mode!r} must be 'max' or 'min'; fix: pick one of them")
+    existing = sorted(set(steps))
+    scored = {s: v for s, v in (scores or {}).items() if s in existing}
+    ranked = sorted(scored, key=scored.__getitem__, reverse=mode == "max")
+    return set(existing[-keep_last:]) | {latest} | set(ranked[:keep_best])
 
 
 def _checkpoint_steps(paths: RunPaths) -> list[int]:
@@ -124,8 +179,16 @@ def apply_retention(
     pruned = Pruned()
     steps = _checkpoint_steps(paths)
     if config.keep_last is not None:
-        keep = set(steps[-config.keep_last :]) | set(config.pinned) | {latest_step}
-        keep |= _best_steps(paths, config)
+        scores = read_metric(paths.metrics, config.best_metric) if config.keep_best else {}
+        keep = steps_to_keep(
+            steps,
+            latest_step,
+            keep_last=config.keep_last,
+            keep_best=config.keep_best,
+            scores=scores,
+            mode=config.best_mode,
+        )
+        keep |= set(config.pinned)
         for step in steps:
             if step not in keep and step < latest_step:
                 remove_checkpoint(paths.checkpoint(step))

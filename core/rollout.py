@@ -68,6 +68,12 @@ class Rollout:
     def metrics(self) -> dict[str, float]:
         return self.trajectory.metrics
 
+    @property
+    def metadata(self) -> dict[str, Scalar]:
+        """What the rollout was about (task id, split, ...); starts with the keywords
+        given to `model.rollout(...)` and is kept with the trajectory."""
+        return self.trajectory.metadata
+
     def log(self, line: str) -> None:
         self.trajectory.logs.append(line)
 

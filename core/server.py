@@ -88,6 +88,7 @@ from rlcoach.wire import (
     API_PREFIX,
     API_VERSION,
     CheckpointList,
+    LogRequest,
     ModelRef,
     RegisterResponse,
     SFTRequest,
@@ -218,6 +219,7 @@ class PolicyServer:
             Route(p + "/models", self._register, methods=["POST"]),
             Route(p + "/train", self._train, methods=["POST"]),
             Route(p + "/train_sft", self._train_sft, methods=["POST"]),
+            Route(p + "/log", self._log, methods=["POST"]),
             Route(p + "/rollouts/{rollout_id}", self._take_rollout, methods=["POST"]),
             Route(model_path + "/checkpoints", self._checkpoints, methods=["GET"]),
             Route(model_path + "/checkpoints/{step}", self._delete_checkpoint, methods=["DELETE"]),
@@ -553,6 +555,17 @@ class PolicyServer:
             )
 
         return await self._start(train.request_id, train.model, train.groups, step, "rl")
+
+    async def _log(self, request: Request) -> Response:
+        """`model.log` through the server: the groups and their record go to its sinks."""
+        from rlcoach.evaluation import check_split
+
+        body = self._parse(LogRequest, await self._read(request, self.config.max_request_bytes))
+        model = await self._model(body.model)
+        record = await self.backend.log(
+            model, body.groups, check_split(body.split), metrics=body.metrics, step=body.step
+        )
+        return JSONResponse({"record": record})
 
     async def _train_sft(self, request: Request) -> Response:
         sft = self._parse(SFTRequest, await self._upload(request))

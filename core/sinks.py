@@ -82,7 +82,9 @@ class Sink(Protocol):
 
     `log_trajectories(step, groups)` comes before step `step` trains on `groups`;
     `log_metrics(step, record)` after it, with the full record that `metrics.jsonl` gets
-    (`event` is `train` or `skipped`). A plug-in's methods run on its own thread, one
+    (`event` is `train` or `skipped`). Groups recorded by `model.log` (not trained on)
+    come the same way, each group's metadata carrying its `split`, followed by a record
+    whose `event` is `eval`. A plug-in's methods run on its own thread, one
     call at a time, and the groups it gets are its own copy.
     """
 
@@ -141,9 +143,11 @@ class JsonlSink:
     def log_trajectories(self, step: int, groups: Sequence[TrajectoryGroup]) -> None:
         save_groups(self._paths().trajectory_file(step), groups)
 
-    def write_lines(self, step: int, lines: Sequence[str]) -> None:
-        """The same file from groups already serialized (`model_dump_json`, one a line)."""
-        write_text_atomic(self._paths().trajectory_file(step), "".join(f"{x}\n" for x in lines))
+    def write_lines(self, step: int, lines: Sequence[str], split: str | None = None) -> None:
+        """The same file from groups already serialized (`model_dump_json`, one a line);
+        with a `split`, the file of an evaluation (`trajectories/<split>/<step>.jsonl`)."""
+        target = self._paths().trajectory_file(step, split=split)
+        write_text_atomic(target, "".join(f"{x}\n" for x in lines))
 
     def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
         append_jsonl(self._paths().metrics, {"step": step, **metrics})
@@ -318,6 +322,23 @@ class SinkSet:
         if source.is_file():
             os.replace(source, paths.trajectory_file(step, skip))
         return skip
+
+    def log_evaluation(
+        self, step: int, split: str, groups: Sequence[TrajectoryGroup], record: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Groups that were not trained on (`model.log`): to disk under
+        `trajectories/<split>/`, to every plug-in as trajectories whose groups carry
+        `metadata["split"]`, then their metrics record; returns the record."""
+        lines = [
+            group.model_copy(
+                update={"metadata": {**group.metadata, "split": split}}
+            ).model_dump_json()
+            for group in groups
+        ]
+        self.disk.write_lines(step, lines, split)
+        for worker in self._workers:
+            worker.submit("log_trajectories", step, lines)
+        return self.log_metrics(step, record)
 
     def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
         """Add the sink counters and a timestamp, write the record, queue it; return it."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlcoach.errors import TrainingDataError
+from rlcoach.trainer.render import CLIENT_POLICY
 from rlcoach.types import ChatRecord, Trajectory, TrajectoryGroup
 
 __all__ = ["TrainingLimits", "check_examples", "check_groups", "training_limits"]
@@ -84,8 +85,15 @@ def check_trajectory(trajectory: Trajectory, limits: TrainingLimits, where: str)
                     f"max_model_len of {limits.max_model_len}",
                     "send calls the engine produced, or serve with a larger --max-model-len",
                 )
-            if not all(map(math.isfinite, choice.logprobs)):
-                bad_index = next(i for i, x in enumerate(choice.logprobs) if not math.isfinite(x))
+            # NaN marks a rendered client reply's token without a sampler log-prob
+            # (trainer/render.py); nowhere else.
+            rendered = choice.policy == CLIENT_POLICY
+            if not all(math.isfinite(x) or (rendered and math.isnan(x)) for x in choice.logprobs):
+                bad_index = next(
+                    i
+                    for i, x in enumerate(choice.logprobs)
+                    if not (math.isfinite(x) or (rendered and math.isnan(x)))
+                )
                 raise _refuse(
                     trajectory,
                     place,

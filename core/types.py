@@ -13,29 +13,60 @@ What other parts need to know about a rollout is a field, never a convention in 
 judge's verdict is a `Verdict` on the trajectory, and a tool call that failed is a tool
 message with `"is_error": true` (`tool_message(..., error=True)`; LangChain's
 `status: "error"` counts too), whatever its text says.
+
+A trajectory can also be built by the client, from its own messages and the replies its
+own OpenAI client received (ART's `messages_and_choices`: message dicts and OpenAI
+`Choice` objects, in order). Each `Choice` becomes an assistant message plus a
+`ClientChoice` that keeps what the server reported about it (log-probs, token ids when
+the server returns them). Such a trajectory has no exact prompt tokens: the trainer
+renders it with the model's chat template (trainer/render.py), which costs exactness but
+lets logs and other clients' replies be trained on. `trajectory.messages()` and a live
+`trajectory.messages_and_choices` list work as ART spells them.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
+import time
+import traceback
 import uuid
-from collections.abc import Iterable
+from collections.abc import Awaitable, Generator, Iterable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    model_validator,
+)
 
+from rlcoach.client_choices import (
+    ClientChoice,
+    MessageList,
+    MessagesAndChoicesView,
+    check_client_choices,
+    from_messages_and_choices,
+)
 from rlcoach.errors import DataError, TrainingDataError
 from rlcoach.paths import write_text_atomic
 
 __all__ = [
     "TOOL_ERROR_KEY",
     "ChatRecord",
+    "ClientChoice",
     "History",
     "Message",
+    "MessageList",
+    "Messages",
+    "MessagesAndChoices",
     "RolloutFailure",
     "SampledChoice",
     "Tool",
+    "Tools",
     "Trajectory",
     "TrajectoryGroup",
     "Verdict",
@@ -51,6 +82,12 @@ Message = dict[str, Any]
 
 Tool = dict[str, Any]
 """An OpenAI tool schema (`{"type": "function", "function": {...}}`)."""
+
+Messages = list[Message]
+Tools = list[Tool]
+MessagesAndChoices = list[Any]
+"""Messages and OpenAI `Choice` objects in conversation order (ART's form; `Trajectory`
+accepts it as `messages_and_choices=`)."""
 
 Scalar = str | int | float | bool | None
 """A metadata value: kept simple so every sink can show it."""
@@ -99,7 +136,9 @@ def policy_version_of(served_name: object) -> int | None:
 class SampledChoice(BaseModel):
     """One completion the policy sampled, with the exact tokens behind it."""
 
-    model_config = ConfigDict(extra="forbid")
+    # A rendered client choice (trainer/render.py) has NaN where no sampler log-prob
+    # exists; it must cross to the training ranks as NaN, not as a null.
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     message: Message
     """The assistant message as the client received it (content and/or tool_calls)."""
@@ -111,7 +150,9 @@ class SampledChoice(BaseModel):
     """The sampled token ids, end-of-turn token included when the engine sampled it."""
     logprobs: list[float]
     """The engine's log-probability of each sampled token (the behaviour policy), from
-    the model's own distribution: under a sampling constraint, the unconstrained one."""
+    the model's own distribution: under a sampling constraint, the unconstrained one. NaN
+    only in a client-built reply the trainer rendered (`policy == "client"`), where none
+    was recorded; the trainer's own detached log-probs stand in for those (objective.py)."""
     forced: list[int] = Field(default_factory=list)
     """Positions in `token_ids` that a sampling constraint forced (the only token it
     allowed): recorded and shown, never trained (see docs/capture.md)."""
@@ -120,13 +161,14 @@ class SampledChoice(BaseModel):
     `grammar`, `structural_tag`, `tool_choice=required`, `tool_choice=<name>`), or None
     when the policy sampled freely."""
     policy: str
-    """The served name that sampled it, `name@step` (or the base model's name)."""
+    """The served name that sampled it, `name@step` (or the base model's name; `client`
+    for a reply rendered from a client-built trajectory)."""
     policy_version: int | None = None
     """The policy version (training step) that sampled it: the `step` of `name@step`;
-    None for a name without one (the base model's own name, a model served elsewhere).
-    Filled from `policy` when not given, so files written before it existed load the
-    same. The trainer drops samples more than `TrainConfig.max_staleness` versions older
-    than the model being trained (staleness.py)."""
+    None for a name without one (the base model's own name, a model served elsewhere,
+    `client`). Filled from `policy` when not given, so files written before it existed
+    load the same. The trainer drops samples more than `TrainConfig.max_staleness`
+    versions older than the model being trained (staleness.py)."""
     started_at: float | None = None
     """Unix time the policy endpoint received the request (None if not recorded)."""
     latency_s: float | None = None
@@ -196,14 +238,31 @@ def choice_from_response_json(choice: dict[str, Any], response: dict[str, Any]) 
 class History(BaseModel):
     """One conversation: its messages and the choices sampled along it, in order."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    messages: list[Message] = Field(default_factory=list)
+    messages: MessageList = Field(default_factory=MessageList)
     """The conversation, sampled assistant turns included."""
     tools: list[Tool] | None = None
     """The tools offered to the policy in this conversation."""
     choices: list[SampledChoice] = Field(default_factory=list)
     """What the policy sampled, in call order; the trainer learns from these tokens."""
+    client_choices: list[ClientChoice] = Field(default_factory=list)
+    """Assistant turns the client received itself (no exact tokens; see `ClientChoice`)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _messages_and_choices_in(cls, data: Any) -> Any:
+        return from_messages_and_choices(data)
+
+    @model_validator(mode="after")
+    def _client_choices_fit(self) -> History:
+        check_client_choices(self.messages, self.client_choices)
+        return self
+
+    @property
+    def messages_and_choices(self) -> MessagesAndChoicesView:
+        """The conversation as ART's list of messages and `Choice` objects (live)."""
+        return MessagesAndChoicesView(self)
 
 
 class RolloutFailure(BaseModel):
@@ -241,16 +300,19 @@ class Verdict(BaseModel):
 class Trajectory(BaseModel):
     """One rollout: its histories, its reward and what the user wants to keep with it."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     id: str = Field(default_factory=lambda: uuid.uuid4().hex)
     """Unique id; also the rollout id the policy endpoint recorded the calls under."""
-    messages: list[Message] = Field(default_factory=list)
+    messages: MessageList = Field(default_factory=MessageList)
     """The main conversation, sampled assistant turns included."""
     tools: list[Tool] | None = None
     """The tools offered in the main conversation."""
     choices: list[SampledChoice] = Field(default_factory=list)
     """Choices sampled along the main conversation, in call order."""
+    client_choices: list[ClientChoice] = Field(default_factory=list)
+    """Assistant turns of the main conversation that the client received itself (see
+    `ClientChoice`); with neither these nor `choices`, every assistant message is trained."""
     additional_histories: list[History] = Field(default_factory=list)
     """Calls that do not continue the main conversation (sub-agents, summarisers)."""
     reward: float = 0.0
@@ -267,9 +329,46 @@ class Trajectory(BaseModel):
     finished_at: float | None = None
     """Unix time the rollout scope closed (None if not recorded)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _messages_and_choices_in(cls, data: Any) -> Any:
+        return from_messages_and_choices(data)
+
+    @model_validator(mode="after")
+    def _client_choices_fit(self) -> Trajectory:
+        check_client_choices(self.messages, self.client_choices)
+        return self
+
+    @property
+    def messages_and_choices(self) -> MessagesAndChoicesView:
+        """The main conversation as ART's list of messages and `Choice` objects (live:
+        appending a `Choice` adds its message and marks it trained)."""
+        return MessagesAndChoicesView(self)
+
+    def log(self, line: str) -> None:
+        """Keep a note with the trajectory (`logs`)."""
+        self.logs.append(line)
+
+    def finish(self) -> Trajectory:
+        """Mark the rollout finished now (`finished_at`, unless already set) and return
+        the trajectory: ART's `trajectory.finish()`. A `model.rollout()` scope sets it."""
+        if self.finished_at is None:
+            self.finished_at = time.time()
+        return self
+
+    def track_duration(self, name: str) -> _Duration:
+        """`async with trajectory.track_duration("search"):` (or a plain `with`) adds the
+        seconds spent in the block to `metrics["search_duration"]`, as in ART."""
+        return _Duration(self.metrics, f"{name}_duration")
+
     def histories(self) -> list[History]:
         """The main history followed by the additional ones."""
-        main = History(messages=self.messages, tools=self.tools, choices=self.choices)
+        main = History(
+            messages=self.messages,
+            tools=self.tools,
+            choices=self.choices,
+            client_choices=self.client_choices,
+        )
         return [main, *self.additional_histories]
 
     @property
@@ -290,8 +389,43 @@ class Trajectory(BaseModel):
         return sum(len(c.token_ids) for h in self.histories() for c in h.choices)
 
 
+class _Duration:
+    """Adds the time spent inside a `with` / `async with` block to one metric."""
+
+    def __init__(self, metrics: dict[str, float], key: str) -> None:
+        self._metrics, self._key, self._started = metrics, key, 0.0
+
+    def __enter__(self) -> None:
+        self._started = time.monotonic()
+
+    def __exit__(self, *exc: object) -> None:
+        spent = time.monotonic() - self._started
+        self._metrics[self._key] = self._metrics.get(self._key, 0.0) + spent
+
+    async def __aenter__(self) -> None:
+        self.__enter__()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.__exit__(*exc)
+
+
+def failure_from_exception(error: BaseException) -> RolloutFailure:
+    """A raised exception as the `RolloutFailure` a group records."""
+    return RolloutFailure(
+        type=type(error).__name__,
+        message=str(error),
+        traceback="".join(traceback.format_exception(error)),
+    )
+
+
 class TrajectoryGroup(BaseModel):
-    """Attempts at the same task: GRPO's unit of comparison."""
+    """Attempts at the same task: GRPO's unit of comparison.
+
+    Built from trajectories, or — as ART writes it — from the rollouts still to run:
+    `TrajectoryGroup(rollout(model, task) for _ in range(8))` is a pending group that
+    `gather_trajectory_groups` runs (or that can be awaited on its own, giving the
+    finished group). Exceptions among the items are recorded as failures.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -300,12 +434,60 @@ class TrajectoryGroup(BaseModel):
     """Rollouts of this group that raised; they are not trained on."""
     metadata: dict[str, Scalar] = Field(default_factory=dict)
 
-    def __init__(self, trajectories: Iterable[Trajectory] = (), **data: Any) -> None:
-        super().__init__(trajectories=list(trajectories), **data)
+    _pending: list[Awaitable[Trajectory]] = PrivateAttr(default_factory=list)
+
+    def __init__(
+        self,
+        trajectories: Iterable[Trajectory | BaseException | Awaitable[Trajectory]] = (),
+        *,
+        exceptions: Iterable[BaseException] = (),
+        **data: Any,
+    ) -> None:
+        done: list[Any] = []
+        pending: list[Awaitable[Trajectory]] = []
+        raised = list(exceptions)
+        for item in trajectories:
+            if isinstance(item, BaseException):
+                raised.append(item)
+            elif inspect.isawaitable(item) and not isinstance(item, BaseModel):
+                pending.append(item)
+            else:
+                done.append(item)  # a Trajectory, or its dict form for pydantic to check
+        failures = list(data.pop("failures", [])) + [failure_from_exception(e) for e in raised]
+        super().__init__(trajectories=done, failures=failures, **data)
+        self._pending = pending
+
+    @property
+    def pending(self) -> list[Awaitable[Trajectory]]:
+        """Rollouts given to the constructor that have not run yet."""
+        return self._pending
+
+    def split_pending(self) -> tuple[TrajectoryGroup, list[Awaitable[Trajectory]]]:
+        """(a copy of this group without its pending rollouts, those rollouts)."""
+        finished = self.model_copy()
+        finished._pending = []
+        return finished, list(self._pending)
+
+    def __await__(self) -> Generator[Any, None, TrajectoryGroup]:
+        return self._finish().__await__()
+
+    async def _finish(self) -> TrajectoryGroup:
+        if not self._pending:
+            await asyncio.sleep(0)
+            return self
+        from rlcoach.gather import gather_trajectory_groups
+
+        (group,) = await gather_trajectory_groups([self], progress=False, max_failure_fraction=1.0)
+        return group
 
     @property
     def rewards(self) -> list[float]:
         return [t.reward for t in self.trajectories]
+
+    @property
+    def exceptions(self) -> list[RolloutFailure]:
+        """The failures, under ART's name."""
+        return self.failures
 
 
 class ChatRecord(BaseModel):

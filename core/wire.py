@@ -25,6 +25,7 @@ __all__ = [
     "CheckpointInfo",
     "CheckpointList",
     "ErrorBody",
+    "LogRequest",
     "ModelRef",
     "RegisterResponse",
     "SFTRequest",
@@ -101,6 +102,18 @@ class TrainRequest(_Wire):
     groups: list[TrajectoryGroup]
     config: TrainConfig | None = None
     """This step's config; None uses the model's."""
+
+
+class LogRequest(_Wire):
+    """Groups recorded without training (`model.log`): an evaluation of a split."""
+
+    model: ModelRef
+    groups: list[TrajectoryGroup]
+    split: str = "val"
+    step: int | None = None
+    """The step the record is filed under; None: the model's current step."""
+    metrics: dict[str, float] = Field(default_factory=dict)
+    """More numbers for the record (named `<split>/<key>`)."""
 
 
 def _example_kind(value: Any) -> str:

@@ -31,6 +31,7 @@ from rlcoach.config import parse_config
 from rlcoach.errors import ConfigError
 from rlcoach.gather import AfterEach
 from rlcoach.model import Model
+from rlcoach.providers import as_model
 from rlcoach.ruler.config import RulerConfig
 from rlcoach.ruler.judge import JudgeError, JudgeSession
 from rlcoach.ruler.render import Candidate, render_group
@@ -55,7 +56,7 @@ def _orderings(count: int, n: int, digest: str, seed: int) -> list[list[int]]:
 
 async def score_candidates(
     candidates: Sequence[Candidate],
-    judge: Model,
+    judge: Model | str,
     *,
     rubric: str = DEFAULT_RUBRIC,
     config: RulerConfig | dict[str, Any] | None = None,
@@ -63,6 +64,7 @@ async def score_candidates(
 ) -> list[JudgeScore]:
     """Judge `candidates` relative to each other (see the module docstring)."""
     config = parse_config(RulerConfig, config)
+    judge = as_model(judge)
     if not candidates:
         return []
     rendered = render_group(candidates, config.message_chars)
@@ -116,7 +118,7 @@ async def score_candidates(
 
 async def score(
     message_lists: Sequence[Sequence[Message]],
-    judge: Model,
+    judge: Model | str,
     *,
     rubric: str = DEFAULT_RUBRIC,
     tools: Sequence[Tool] | Sequence[Sequence[Tool] | None] | None = None,
@@ -142,15 +144,49 @@ async def score(
     return await score_candidates(candidates, judge, rubric=rubric, config=config, usage=usage)
 
 
+def _litellm_params(config: RulerConfig, params: dict[str, Any] | None) -> RulerConfig:
+    """ART's `extra_litellm_params` as RulerConfig fields (the rest go in the body)."""
+    if not params:
+        return config
+    params = dict(params)
+    endpoint = sorted({"api_base", "base_url", "api_key"} & set(params))
+    if endpoint:
+        raise ConfigError(
+            f"extra_litellm_params {endpoint} choose the judge's endpoint, which rlcoach "
+            "takes from the judge itself; fix: pass judge=Model('name', base_url=..., "
+            "api_key_env='MY_API_KEY') instead"
+        )
+    update: dict[str, Any] = {}
+    for name in ("temperature", "max_tokens", "seed"):
+        if name in params:
+            update[name] = params.pop(name)
+    if "timeout" in params:
+        update["timeout_s"] = params.pop("timeout")
+    update["extra_body"] = {**config.extra_body, **params}
+    return parse_config(RulerConfig, {**config.model_dump(), **update})
+
+
 async def score_group(
     group: TrajectoryGroup,
-    judge: Model,
+    judge: Model | str,
     *,
     rubric: str = DEFAULT_RUBRIC,
     config: RulerConfig | dict[str, Any] | None = None,
-) -> TrajectoryGroup:
-    """A copy of `group` whose rewards are the judge's scores (see the module docstring)."""
-    config = parse_config(RulerConfig, config)
+    extra_litellm_params: dict[str, Any] | None = None,
+    swallow_exceptions: bool | None = None,
+    debug: bool = False,
+) -> TrajectoryGroup | None:
+    """A copy of `group` whose rewards are the judge's scores (see the module docstring).
+
+    `judge` is a `Model` or a `provider/model` string ("openai/gpt-4.1", its key from
+    `OPENAI_API_KEY`; see providers.py). ART's keywords work as there:
+    `extra_litellm_params` (temperature, max_tokens, ... for the judge's request),
+    `swallow_exceptions` (True: None when the judge fails; False: raise `JudgeError`;
+    left out: `config.on_failure` decides) and `debug` (log each score's explanation)."""
+    config = _litellm_params(parse_config(RulerConfig, config), extra_litellm_params)
+    if swallow_exceptions is not None:
+        config = config.model_copy(update={"on_failure": "drop" if swallow_exceptions else "raise"})
+    judge = as_model(judge)
     scored = group.model_copy(deep=True)
     if len(scored.trajectories) < 2:
         scored.metadata["ruler_skipped"] = "fewer than 2 trajectories to compare"
@@ -169,6 +205,8 @@ async def score_group(
             raise
         action = "keeping its rewards" if config.on_failure == "keep" else "dropping it"
         logger.warning("RULER could not score a group (%s); %s", e, action)
+        if swallow_exceptions:
+            return None  # ART's contract: a group the judge failed on is skipped
         if config.on_failure == "drop":
             scored.failures += [
                 RolloutFailure(type="JudgeError", message=str(e)) for _ in scored.trajectories
@@ -186,13 +224,15 @@ async def score_group(
         trajectory.verdicts.append(
             Verdict(judge="ruler", score=result.score, explanation=result.explanation)
         )
+        if debug:
+            logger.info("RULER %.3f for %s: %s", result.score, trajectory.id, result.explanation)
     scored.metadata.update(usage.as_metrics("ruler_"))
     scored.metadata["ruler_failed"] = False
     return scored
 
 
 def after_each(
-    judge: Model,
+    judge: Model | str,
     *,
     rubric: str = DEFAULT_RUBRIC,
     config: RulerConfig | dict[str, Any] | None = None,
@@ -200,7 +240,9 @@ def after_each(
     """A `gather_trajectory_groups(after_each=...)` hook that scores each finished group."""
     config = parse_config(RulerConfig, config)
 
-    async def hook(group: TrajectoryGroup) -> TrajectoryGroup:
+    judge = as_model(judge)
+
+    async def hook(group: TrajectoryGroup) -> TrajectoryGroup | None:
         return await score_group(group, judge, rubric=rubric, config=config)
 
     return hook

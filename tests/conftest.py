@@ -1,9 +1,12 @@
-"""Shared fixtures: the bundled model is converted once per test session (cached), and
-a scripted chat-completions server for tests that need a chosen wrong answer."""
+"""Shared fixtures: the bundled model is converted once per test session (cached), a
+Hugging Face hub cache laid out on disk, and a scripted chat-completions server for tests
+that need a chosen wrong answer."""
 
+import hashlib
 import json
 import threading
 import time
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -72,6 +75,46 @@ def tokenizer(model_path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_path)
+
+
+@dataclass(frozen=True)
+class HubCache:
+    hf_home: Path
+    """Set HF_HOME to this: the cache is `<hf_home>/hub`."""
+    repo_id: str
+    commit: str
+
+    @property
+    def snapshot(self) -> Path:
+        folder = "models--" + self.repo_id.replace("/", "--")
+        return self.hf_home / "hub" / folder / "snapshots" / self.commit
+
+
+@pytest.fixture(scope="session")
+def hub_cache(tmp_path_factory, tiny_model_path) -> HubCache:
+    """A Hugging Face hub cache on disk, as `huggingface_hub` lays one out, holding
+    `rlcoach-test/tiny-llama`: the files of `tiny_model_path` (a random-weight Llama with
+    the bundled model's tokenizer and chat template). This machine cannot reach a hub, so
+    the cache is built here instead of downloaded; everything that reads it is the real
+    code.
+
+    Layout: `hub/models--rlcoach-test--tiny-llama/blobs/<sha256>` holds each file's bytes,
+    `snapshots/<commit>/<file>` are relative symlinks to them, `refs/main` holds the
+    commit; a second ref, `refs/v1`, points at the same commit."""
+    home = tmp_path_factory.mktemp("hf-home")
+    hub = HubCache(home, "rlcoach-test/tiny-llama", "3f1c0de2b7a94e6c8d15a0b2c4e6f8a1b3d5c7e9")
+    repo = home / "hub" / "models--rlcoach-test--tiny-llama"
+    (repo / "blobs").mkdir(parents=True)
+    hub.snapshot.mkdir(parents=True)
+    for file in sorted(tiny_model_path.iterdir()):
+        data = file.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (hub.snapshot / file.name).symlink_to(Path("..", "..", "blobs", blob.name))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(hub.commit)
+    (repo / "refs" / "v1").write_text(hub.commit)
+    return hub
 
 
 @pytest.fixture(scope="session")

@@ -96,7 +96,8 @@ class VLLMEngine(EngineProcess):
             args += ["--chat-template", str(c.chat_template)]
         elif (fallback := fallback_chat_template(self.model_path)) is not None:
             # A folder without a chat template (a base model): the family's, from a file.
-            template = self.log_file.with_name(f"{self.base_name}-chat-template.jinja")
+            file = self.base_name.replace("/", "--")  # a hub id names no subfolder
+            template = self.log_file.with_name(f"{file}-chat-template.jinja")
             write_text_atomic(template, fallback)
             args += ["--chat-template", str(template)]
         if c.colocation == "sleep":

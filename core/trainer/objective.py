@@ -25,6 +25,10 @@ Loss (`policy_loss`)
   means without making the step size depend on the batch's token count.
 - `cispo`: `-sg(min(r, 1+eps_high)) * A * log pi` (MiniMax-M1): clips the importance
   weight, not the update, so every token keeps a gradient.
+- Behaviour log-probs missing (NaN: client-built replies without sampler log-probs,
+  trainer/render.py) are the trainer's own at the sampling weights, detached (ratio 1 on
+  the first optimizer step), as ART does; they are replaced before the mismatch is
+  measured and left out of it.
 - KL: off by default (`kl_coef=0`, as in DAPO and Dr.GRPO). When on, the k3 estimator
   `exp(ref-new) - (ref-new) - 1` against the base model (adapter disabled) is added per
   token, inside the same normalisation, instead of into the reward.
@@ -146,13 +150,24 @@ def policy_loss(
     `old_logprobs_T` are the sampler's (the engine's) log-probs. With `tis_cap`, the
     ratio is taken against `trainer_old_logprobs_T` (the trainer's log-probs at the
     sampling weights; default: `new_logprobs_T` detached, right for the first optimizer
-    step on a batch) and each token is weighted by `truncated_importance_weights`."""
+    step on a batch) and each token is weighted by `truncated_importance_weights`.
+
+    A NaN sampler log-prob (a client-built reply without one, trainer/render.py) is
+    replaced by the trainer's own at the sampling weights, detached, before anything
+    else: that token's ratio starts at 1, its TIS weight is 1, and it is left out of the
+    mismatch statistics (there is no sampler value to compare with)."""
     mask_T = mask_T.to(new_logprobs_T.dtype)
     # The mismatch is of the weights that sampled: trainer_old when given, else new.
     trainer_at_sampling_T = (
         new_logprobs_T if trainer_old_logprobs_T is None else trainer_old_logprobs_T
     )
-    mismatch = sampler_mismatch(trainer_at_sampling_T, old_logprobs_T, mask_T, mismatch_threshold)
+    # No branch on the NaNs' presence: that would wait for the device on every row.
+    unknown_T = torch.isnan(old_logprobs_T)
+    old_logprobs_T = torch.where(unknown_T, trainer_at_sampling_T.detach(), old_logprobs_T)
+    measured_T = mask_T * (~unknown_T).to(mask_T.dtype)
+    mismatch = sampler_mismatch(
+        trainer_at_sampling_T, old_logprobs_T, measured_T, mismatch_threshold
+    )
     tis_T = torch.ones_like(new_logprobs_T)
     if tis_cap is not None:
         trainer_old_T = (

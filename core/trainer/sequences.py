@@ -9,11 +9,13 @@ exactly once and nothing is ever re-tokenized. Tokens a sampling constraint forc
 only token a JSON schema, regex or forced tool choice allowed) are sampled but not the
 policy's choice: they stay in the sequence as context and out of the loss mask. Before
 anything is built, every choice's log-probs are checked against what the policy
-endpoint can return (one per token, finite, at most 0, above vLLM's -9999 floor): a
-trajectory that fails is refused with its id. Sequences are then packed into rows of at
-most `max_tokens` (first-fit decreasing); position ids restart at each sequence, and the
-trainer gives each row a block-diagonal causal mask, so a sequence attends only to itself
-(a test checks that packed log-probs equal unpacked ones).
+endpoint can return (one per token, finite, at most 0, above vLLM's -9999 floor; NaN
+only in a reply rendered from a client-built trajectory, `policy == "client"`, where no
+sampler log-prob was recorded): a trajectory that fails is refused with its id.
+Sequences are then packed into rows of at most `max_tokens` (first-fit decreasing);
+position ids restart at each sequence, and the trainer gives each row a block-diagonal
+causal mask, so a sequence attends only to itself (a test checks that packed log-probs
+equal unpacked ones).
 
 Prefix sharing (`share_prefixes`, `pack_shared`): the samples of a GRPO group start with
 the same prompt, so packed one by one their prompt's forward and backward run once per
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rlcoach.errors import TrainingDataError
+from rlcoach.trainer.render import CLIENT_POLICY
 from rlcoach.types import SampledChoice, Trajectory
 
 __all__ = [
@@ -114,18 +117,25 @@ def check_logprobs(trajectory: Trajectory) -> None:
         where = "the main history" if number == 0 else f"additional history {number - 1}"
         for index, choice in enumerate(choices):
             problem = None
+            # A reply rendered from a client-built trajectory (render.py) has NaN where no
+            # sampler log-prob was recorded; the loss uses the trainer's own there.
+            known = (
+                [lp for lp in choice.logprobs if not math.isnan(lp)]
+                if choice.policy == CLIENT_POLICY
+                else choice.logprobs
+            )
             if len(choice.logprobs) != len(choice.token_ids):
                 problem = (
                     f"{len(choice.logprobs)} log-probs for {len(choice.token_ids)} sampled tokens"
                 )
-            elif not all(math.isfinite(lp) for lp in choice.logprobs):
-                bad = next(lp for lp in choice.logprobs if not math.isfinite(lp))
+            elif not all(math.isfinite(lp) for lp in known):
+                bad = next(lp for lp in known if not math.isfinite(lp))
                 problem = f"a log-prob of {bad} (not a finite number)"
-            elif any(lp > 1e-3 for lp in choice.logprobs):
-                problem = f"a log-prob of {max(choice.logprobs)} (above 0: a probability over 1)"
-            elif any(lp <= LOGPROB_FLOOR for lp in choice.logprobs):
+            elif any(lp > 1e-3 for lp in known):
+                problem = f"a log-prob of {max(known)} (above 0: a probability over 1)"
+            elif any(lp <= LOGPROB_FLOOR for lp in known):
                 problem = (
-                    f"a log-prob of {min(choice.logprobs)} (vLLM's -inf: a token the sampler "
+                    f"a log-prob of {min(known)} (vLLM's -inf: a token the sampler "
                     "could not have picked)"
                 )
             elif any(not 0 <= f < len(choice.token_ids) for f in choice.forced):

@@ -18,7 +18,7 @@ import openai
 import pytest
 from serve_process import KEY, ServeProcess
 
-from rlcoach import RemoteBackend, TrainableModel, TrajectoryGroup
+from rlcoach import RemoteBackend, TrainableModel, Trajectory, TrajectoryGroup
 from rlcoach.errors import ConfigError, RemoteError, TrainingDataError
 from rlcoach.trainer.sft import SFTStats
 from rlcoach.types import ChatRecord
@@ -270,6 +270,31 @@ async def test_sft_and_rl_alternate_on_one_model_through_serve(server):
         await model.train_sft([ChatRecord(messages=QUESTION)])
     assert not refused.value.retryable
     assert (await backend.checkpoints(model)).latest == 3
+    await backend.close()
+
+
+async def test_art_idioms_and_client_built_trajectories_through_serve(server):
+    """`model.log`, `delete_checkpoints`, ART's `backend.train(..., learning_rate=)` and a
+    trajectory built from plain messages work through serve as on a LocalBackend."""
+    backend = RemoteBackend(server.url, KEY)
+    model = TrainableModel("art", "serve", config={"learning_rate": 1e-3})
+    await model.register(backend)
+    for step in (1, 2):
+        groups = await scored_groups(model)
+        await model.log(groups, split="val")
+        assert (await backend.train(model, groups, learning_rate=2e-3)).step == step
+    plain = TrajectoryGroup(
+        Trajectory(messages=[*QUESTION, {"role": "assistant", "content": word}], reward=r)
+        for word, r in (("Blue.", 1.0), ("Seven.", 0.0))
+    )
+    assert (await model.train([plain])).step == 3 == await model.get_step()
+    records = (await backend.metrics(model))["records"]
+    assert [r["event"] for r in records] == ["eval", "train", "eval", "train", "train"]
+    assert records[0]["val/reward"] == 1.0 and records[0]["val/rollouts"] == 3
+    assert records[-1]["tokens_retokenized"] > 0 and records[-1]["client_trajectories"] == 2
+    # Steps 0 and 1 scored the same; step 1 is the best checkpoint, step 3 the latest.
+    assert await model.delete_checkpoints("val/reward") == [2]
+    assert [c.step for c in (await backend.checkpoints(model)).checkpoints] == [1, 3]
     await backend.close()
 
 

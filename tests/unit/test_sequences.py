@@ -184,16 +184,19 @@ def test_forced_tokens_stay_in_the_sequence_but_out_of_the_loss(tokenizer):
 
 
 @pytest.mark.parametrize(
-    ("logprobs", "reason"),
+    ("logprobs", "reason", "policy"),
     [
-        ([-0.5], "1 log-probs for 2 sampled tokens"),
-        ([-0.5, float("nan")], "not a finite number"),
-        ([-0.5, float("-inf")], "not a finite number"),
-        ([-0.5, 0.7], "above 0"),
-        ([-0.5, -9999.0], "vLLM's -inf"),
+        ([-0.5], "1 log-probs for 2 sampled tokens", "p@0"),
+        ([-0.5, float("nan")], "not a finite number", "p@0"),
+        ([-0.5, float("-inf")], "not a finite number", "p@0"),
+        ([-0.5, 0.7], "above 0", "p@0"),
+        ([-0.5, -9999.0], "vLLM's -inf", "p@0"),
+        # a rendered client reply (trainer/render.py) may lack a log-prob, nothing else
+        ([float("nan"), float("inf")], "not a finite number", "client"),
+        ([float("nan"), 0.7], "above 0", "client"),
     ],
 )
-def test_log_probs_the_endpoint_cannot_return_are_refused_before_training(logprobs, reason):
+def test_log_probs_the_endpoint_cannot_return_are_refused_before_training(logprobs, reason, policy):
     choice = SampledChoice.model_construct(
         message={"role": "assistant"},
         prompt_token_ids=[1, 2],
@@ -201,10 +204,10 @@ def test_log_probs_the_endpoint_cannot_return_are_refused_before_training(logpro
         logprobs=logprobs,
         forced=[],
         constraint=None,
-        policy="p@0",
+        policy=policy,
     )
-    trajectory = Trajectory(id="t-bad", additional_histories=[])
-    trajectory.choices = [choice]
+    # Built unvalidated: a Trajectory validates its choices on construction and assignment.
+    trajectory = Trajectory.model_construct(id="t-bad", choices=[choice], additional_histories=[])
     with pytest.raises(TrainingDataError) as info:
         build_sequences(trajectory, advantage=1.0)
     message = str(info.value)

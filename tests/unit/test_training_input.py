@@ -12,13 +12,13 @@ from rlcoach.types import ChatRecord
 LIMITS = TrainingLimits(vocab_size=100, max_model_len=16)
 
 
-def trajectory(prompt=(1, 2), sampled=(3, 4), reward=1.0, logprob=-0.5, tid="t1"):
+def trajectory(prompt=(1, 2), sampled=(3, 4), reward=1.0, logprob=-0.5, tid="t1", policy="m@0"):
     choice = SampledChoice(
         message={"role": "assistant", "content": "x"},
         prompt_token_ids=list(prompt),
         token_ids=list(sampled),
         logprobs=[logprob] * len(sampled),
-        policy="m@0",
+        policy=policy,
     )
     return Trajectory(id=tid, choices=[choice], reward=reward)
 
@@ -37,6 +37,7 @@ def test_good_groups_pass():
         (trajectory(reward=math.inf), ["reward inf"]),
         (trajectory(logprob=math.nan), ["log-prob nan at position 0"]),
         (trajectory(logprob=-math.inf), ["log-prob -inf"]),
+        (trajectory(logprob=-math.inf, policy="client"), ["log-prob -inf"]),
     ],
 )
 def test_each_problem_is_named_with_its_place_and_fix(bad, words):
@@ -47,6 +48,11 @@ def test_each_problem_is_named_with_its_place_and_fix(bad, words):
     assert "groups[1].trajectories[1]" in message and "fix:" in message
     for word in words:
         assert word in message
+
+
+def test_only_a_rendered_client_reply_may_lack_log_probs():
+    # trainer/render.py writes NaN where a client-built reply recorded no log-prob
+    check_groups([TrajectoryGroup([trajectory(logprob=math.nan, policy="client")])], LIMITS)
 
 
 def test_sft_examples_check_trajectories_and_leave_chat_records_alone():
