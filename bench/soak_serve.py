@@ -118,7 +118,7 @@ async def soak(args: argparse.Namespace) -> dict:
         "transformers-process",
         *("--base-model", str(model_dir), "--max-model-len", "512"),
         key=KEY,
-        env={"OMP_NUM_THREADS": "1", FOLDER_VARIABLE: str(failpoints)},
+        env={"OMP_NUM_THREADS": "1", FOLDER_VARIABLE: str(failpoints), **dict(args.serve_env)},
     )
     serve.start()
     rng = random.Random(args.seed)
@@ -300,6 +300,15 @@ def main() -> None:
     parser.add_argument("--engine-kills", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--doc", type=Path, default=None)
+    parser.add_argument(
+        "--serve-env",
+        type=lambda text: tuple(text.split("=", 1)),
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="add to the server's environment (e.g. RLCOACH_HEAP_LOG=/tmp/heap.jsonl, "
+        "MALLOC_ARENA_MAX=2, PYTHONTRACEMALLOC=1); repeatable",
+    )
     args = parser.parse_args()
     figures = asyncio.run(soak(args))
     print(json.dumps(figures, indent=1))

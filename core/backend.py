@@ -37,16 +37,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import ctypes
 import gc
 import json
 import logging
 import os
-import shutil
-import sys
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -55,16 +52,14 @@ from rlcoach.bundled import BUNDLED_MODEL
 from rlcoach.colocation import check_sleep_mode, release_gpu_cache, sleep_engine, wake_engine
 from rlcoach.config import EngineConfig, SFTConfig, TrainConfig, parse_config
 from rlcoach.engines.base import Engine
-from rlcoach.errors import CheckpointError, ConfigError, RLCoachError, TrainerError
+from rlcoach.errors import ConfigError, TrainerError
 from rlcoach.failpoints import failpoint
 from rlcoach.families import fallback_chat_template
 from rlcoach.gateway import Gateway, Recorder
+from rlcoach.heap import after_step
 from rlcoach.paths import (
     DEFAULT_ROOT,
-    UNCOMMITTED,
     RunPaths,
-    fsync_dir,
-    fsync_tree,
     write_text_atomic,
 )
 from rlcoach.router import Router
@@ -78,6 +73,7 @@ from rlcoach.sinks import (
     run_info,
 )
 from rlcoach.staleness import Staleness, drop_stale
+from rlcoach.step_commit import STEP_RECORD, MetricsLedger, commit_step
 from rlcoach.supervisor import EngineSupervisor, RestartableEngine
 from rlcoach.trainer.base import SFTStats, StepStats, Trainer
 from rlcoach.trainer.pool import TrainerPool
@@ -96,9 +92,6 @@ __all__ = [
     "resolve_base_model",
     "served_base_name",
 ]
-
-STEP_RECORD = "rlcoach_step.json"
-"""A file in each checkpoint folder: the request id and stats of the step that wrote it."""
 
 logger = logging.getLogger(__name__)
 
@@ -239,6 +232,7 @@ class LocalBackend:
         self._models: dict[str, TrainableModel] = {}
         self.sink_config, self._sink_objects = resolve_sinks(sinks)
         self._sinks: dict[str, SinkSet] = {}
+        self._ledgers: dict[str, MetricsLedger] = {}
         self.supervisor: EngineSupervisor | None = None
         self._supervision: Any = None
 
@@ -396,6 +390,18 @@ class LocalBackend:
             self._sinks[model.name] = await asyncio.to_thread(
                 open_sinks, info, self.sink_config, self._sink_objects
             )
+        ledger = self._ledgers.get(model.name)
+        if ledger is None:
+            ledger = MetricsLedger(paths, self._sinks[model.name].write_metrics_record)
+            self._ledgers[model.name] = ledger
+        # A crash between a step's commit and its metrics line left the line out.
+        if written := await asyncio.to_thread(ledger.sync, True):
+            logger.warning(
+                "metrics.jsonl of %s lacked the lines of committed steps %s (a crash after "
+                "their commit); written from their checkpoints",
+                model.name,
+                written,
+            )
 
     def _check_lora_rank(self, model: TrainableModel, paths: RunPaths) -> None:
         """Refuse a model whose adapters the engine would refuse at every publish."""
@@ -509,7 +515,7 @@ class LocalBackend:
             yield lease
         finally:
             await asyncio.to_thread(self._pool.release, model.name, trainer, discard=not lease.kept)
-            await asyncio.to_thread(_return_freed_memory)
+            await asyncio.to_thread(after_step)
 
     @contextlib.asynccontextmanager
     async def _step_lock(self, model: TrainableModel) -> AsyncIterator[None]:
@@ -605,39 +611,70 @@ class LocalBackend:
                     stats = await asyncio.to_thread(lease.trainer.step, fresh, train_config)
                 failpoint("step.trained")
                 if stats.trained:
-                    record = {"request_id": request_id, "stats": stats.as_dict()}
-                    result = await self._publish_step(
-                        model, lease.trainer, stats, record, staleness, timings
+                    step_record = {"request_id": request_id, "stats": stats.as_dict()}
+                    result = await self._commit(
+                        model,
+                        lease.trainer,
+                        stats,
+                        step_record,
+                        "train",
+                        groups,
+                        started,
+                        staleness,
+                        timings,
+                        rendering,
                     )
-                # A step stopped by a non-finite value after an earlier mini-batch's
-                # update left the trainer ahead of its checkpoint: it is made again.
-                lease.kept = stats.trained or stats.non_finite <= 1
+                lease.kept = _matches_checkpoint(stats)
         except Exception as e:
             await self._open_requests()
             await self._step_failed(model, next_step, e, staleness, started)
             raise
         if not stats.trained:
             await self._open_requests()
-            skip = await asyncio.to_thread(sinks.mark_skipped, next_step)
-            if stats.non_finite:
-                why = (
-                    f"the loss or gradient norm of mini-batch {stats.non_finite} was not "
-                    "finite; nothing was saved or published"
-                )
-            else:
-                why = "no group had reward variance; nothing trained"
-            logger.warning(
-                "step %d, attempt skipped %d: %s (the model stays at step %d)",
-                next_step,
-                skip,
-                why,
-                model.step,
+            return await self._skipped(
+                model, next_step, stats, groups, started, staleness, timings, rendering
             )
-            result = StepResult(model.step, stats, None, 0.0, 0.0, staleness, timings, rendering)
-            self._record(sinks, model, next_step, "skipped", result, groups, started, skip)
-            return result
-        result = replace(result, rendering=rendering)
-        self._record(sinks, model, next_step, "train", result, groups, started)
+        return result
+
+    async def _skipped(
+        self,
+        model: TrainableModel,
+        step: int,
+        stats: StepStats | SFTStats,
+        groups: list[TrajectoryGroup],
+        started: float,
+        staleness: Staleness | None = None,
+        timings: dict[str, float] | None = None,
+        rendering: dict[str, float] | None = None,
+    ) -> StepResult:
+        """An RL step or SFT run that trained nothing (no reward variance, or a value that
+        was not finite): its input is moved aside (`<step>-skip<k>.jsonl`, so the next
+        attempt at `step` cannot overwrite it) and a `skipped` record says why."""
+        sinks = self.sinks(model)
+        if isinstance(stats, SFTStats):
+            examples = self.paths(model).dir / "sft" / f"{step:06d}.jsonl"
+            skip = await asyncio.to_thread(_set_aside, examples)
+        else:
+            skip = await asyncio.to_thread(sinks.mark_skipped, step)
+        if stats.non_finite:
+            why = (
+                f"the loss or gradient norm of mini-batch {stats.non_finite} was not "
+                "finite; nothing was saved or published"
+            )
+        else:
+            why = "no group had reward variance; nothing trained"
+        logger.warning(
+            "step %d, attempt skipped %d: %s (the model stays at step %d)",
+            step,
+            skip,
+            why,
+            model.step,
+        )
+        result = StepResult(
+            model.step, stats, None, 0.0, 0.0, staleness, timings or {}, rendering or {}
+        )
+        metrics = self._metrics(model, step, "skipped", result, groups, started, skip)
+        await asyncio.to_thread(sinks.log_metrics, step, metrics)
         return result
 
     @contextlib.asynccontextmanager
@@ -766,18 +803,26 @@ class LocalBackend:
                     stats = await asyncio.to_thread(
                         sft_train, trainer, sequences, sft_config, len(items), progress
                     )
-                if not stats.trained:
+                if not stats.trained and not stats.non_finite:
                     lease.kept = True  # no optimizer step ran
                     raise ConfigError(
                         "the SFT examples hold no assistant token to train on; fix: "
                         "include the assistant turns the model should imitate"
                     )
-                record = {"request_id": request_id, "kind": "sft", "stats": stats.as_dict()}
-                result = await self._publish_step(model, trainer, stats, record, None, timings)
-                lease.kept = True
+                if stats.trained:
+                    step_record = {
+                        "request_id": request_id,
+                        "kind": "sft",
+                        "stats": stats.as_dict(),
+                    }
+                    result = await self._commit(
+                        model, trainer, stats, step_record, "sft", [], started, None, timings
+                    )
+                lease.kept = _matches_checkpoint(stats)
         finally:
             await self._open_requests()
-        self._record(self.sinks(model), model, next_step, "sft", result, [], started)
+        if not stats.trained:
+            return await self._skipped(model, next_step, stats, [], started, None, timings)
         return result
 
     async def log(
@@ -837,69 +882,76 @@ class LocalBackend:
             self._tokenizer_cache = tokenizer
         return self._tokenizer_cache
 
-    async def _publish_step(
+    async def _commit(
         self,
         model: TrainableModel,
         trainer: Trainer,
         stats: StepStats | SFTStats,
-        record: dict[str, Any],
+        step_record: dict[str, Any],
+        event: str,
+        groups: list[TrajectoryGroup],
+        started: float,
         staleness: Staleness | None = None,
         timings: dict[str, float] | None = None,
+        rendering: dict[str, float] | None = None,
     ) -> StepResult:
-        """Make the trained adapter the model's next step, or nothing of it.
-
-        The checkpoint folder is written whole (adapter and request record, fsynced) with
-        an `UNCOMMITTED` marker and renamed into place; then the adapter is published to
-        the engine while the optimizer state is written beside it (off the publish path);
-        then the marker is removed: that is the commit point, and only then is the step
-        the model's. A failure or a crash before it leaves no step behind: the router
-        serves the previous step again, the folder is removed (at once, or at the next
-        registration after a crash), the request id is not found as done (so a retry
-        trains instead of being answered "replayed"), and the caller's lease drops the
-        trainer (made again from the latest committed checkpoint)."""
+        """Make the trained adapter the model's next step, or nothing of it
+        (step_commit.py: its folder, publish, metrics record and commit point; on any
+        failure before the commit the router serves the previous step again, the folder is
+        removed, and the caller's lease drops the trainer). After the commit the step's
+        `metrics.jsonl` line is written (`_after_commit`)."""
         assert self.gateway is not None
-        gateway = self.gateway
-        previous = model.step
-        next_step = previous + 1
-        saved = time.perf_counter()
-        folder = await asyncio.to_thread(self._save, trainer, self.paths(model), next_step, record)
-        save_seconds = time.perf_counter() - saved
-        published = False
-        try:
-            failpoint("checkpoint.renamed")
-            outcomes = await asyncio.gather(
-                gateway.call(gateway.router.publish(model.name, next_step, folder)),
-                asyncio.to_thread(trainer.save_optimizer, folder),
-                return_exceptions=True,
+        sinks = self.sinks(model)
+        step = model.step + 1
+
+        def result(folder: Path, save_seconds: float, publish_seconds: float) -> StepResult:
+            return StepResult(
+                step,
+                stats,
+                folder,
+                publish_seconds,
+                save_seconds,
+                staleness,
+                timings or {},
+                rendering or {},
             )
-            published = not isinstance(outcomes[0], BaseException)
-            if isinstance(outcomes[0], BaseException):
-                raise outcomes[0]
-            if isinstance(outcomes[1], BaseException):
-                error = outcomes[1]
-                raise _write_failed("optimizer state", next_step, folder, error) from error
-            publish_seconds = float(outcomes[0])
-            failpoint("step.published")
-            await asyncio.to_thread(_commit, folder)
-        except BaseException:
-            if published:
-                try:
-                    await gateway.call(_withdraw(gateway.router, model.name, next_step, previous))
-                except Exception:
-                    logger.exception(
-                        "could not withdraw %s@%d from the router", model.name, next_step
-                    )
-            await asyncio.to_thread(shutil.rmtree, folder, True)
-            raise
-        model.step = next_step
-        failpoint("step.committed")
-        return StepResult(
-            next_step, stats, folder, publish_seconds, save_seconds, staleness, timings or {}
+
+        def metrics_record(folder: Path, save_seconds: float, publish_seconds: float) -> dict:
+            done = result(folder, save_seconds, publish_seconds)
+            metrics = self._metrics(model, step, event, done, groups, started)
+            return sinks.metrics_record(step, metrics)
+
+        committed = await commit_step(
+            self.gateway,
+            model.name,
+            trainer,
+            self.paths(model),
+            step,
+            model.step,
+            step_record,
+            metrics_record,
         )
+        model.step = step
+        await asyncio.to_thread(self._after_commit, model)
+        return result(committed.folder, committed.save_seconds, committed.publish_seconds)
+
+    def _after_commit(self, model: TrainableModel) -> None:
+        """The committed step's `metrics.jsonl` line (and any a crash lost). Nothing here
+        fails the step: a line not written now is written by the next commit or
+        registration (step_commit.MetricsLedger)."""
+        try:
+            failpoint("step.committed")
+            self._ledgers[model.name].sync()
+        except Exception:
+            logger.exception(
+                "step %d of %s is committed, but its metrics.jsonl line could not be written "
+                "yet; the next step or registration writes it",
+                model.step,
+                model.name,
+            )
 
     @staticmethod
-    def _record(
-        sinks: SinkSet,
+    def _metrics(
         model: TrainableModel,
         step: int,
         event: str,
@@ -907,8 +959,8 @@ class LocalBackend:
         groups: list[TrajectoryGroup],
         started: float,
         skip: int = 0,
-    ) -> None:
-        """One metrics record, under `step`: the step its trajectories were logged for.
+    ) -> dict[str, Any]:
+        """One step's metrics, under `step`: the step its trajectories were logged for.
         A skipped attempt's record says which (`skip`: 1, 2, ... at that step, as in its
         trajectory file's name) and the step the model stayed at (`model_step`)."""
         record = {
@@ -916,43 +968,12 @@ class LocalBackend:
             **result.as_dict(),
             **rollout_metrics(groups),
             "step_seconds": time.perf_counter() - started,
-            "policy": model.served_name,
+            "policy": f"{model.name}@{result.step}",
             "step": step,
         }
         if skip:
             record.update(skip=skip, model_step=result.step)
-        sinks.log_metrics(step, record)
-
-    @staticmethod
-    def _save(
-        trainer: Trainer,
-        paths: RunPaths,
-        step: int,
-        record: dict[str, Any],
-    ) -> Path:
-        target = paths.checkpoint(step)
-        if target.exists():
-            raise CheckpointError(
-                f"checkpoint {target} already exists; refusing to overwrite a saved step — "
-                "fix: register the model again so it resumes from its latest checkpoint"
-            )
-        temp = paths.temp_checkpoint()
-        try:
-            (temp / UNCOMMITTED).touch()
-            trainer.save_adapter(temp)
-            write_text_atomic(temp / STEP_RECORD, json.dumps(record))
-            fsync_tree(temp)
-            os.replace(temp, target)
-            fsync_dir(paths.checkpoints)
-        except BaseException as e:
-            shutil.rmtree(temp, ignore_errors=True)
-            if (target / UNCOMMITTED).exists():  # renamed, then its fsync failed
-                shutil.rmtree(target, ignore_errors=True)
-            failed = _write_failed("adapter", step, target, e)
-            if failed is e:
-                raise
-            raise failed from e
-        return target
+        return record
 
     async def close(self) -> None:
         await asyncio.to_thread(self._pool.close)
@@ -969,16 +990,21 @@ class LocalBackend:
         self.engine = None
 
 
-def _write_failed(what: str, step: int, folder: Path, error: BaseException) -> BaseException:
-    """A failed checkpoint write as a `CheckpointError` that says the step left nothing
-    (an error rlcoach raised, or a cancellation, passes unchanged)."""
-    if isinstance(error, RLCoachError) or not isinstance(error, Exception):
-        return error
-    return CheckpointError(
-        f"the {what} of step {step} could not be written into {folder} ({error!r}); "
-        "nothing of the step was kept — fix: check the disk under the run folder (full? "
-        "read-only?), then train the same batch again"
-    )
+def _matches_checkpoint(stats: StepStats | SFTStats) -> bool:
+    """Whether a finished step's trainer still matches the model's latest checkpoint: it
+    committed, or it ran no optimizer update (nothing trained, or a non-finite value in
+    its first mini-batch). A skipped step that updated before its non-finite mini-batch
+    must not leave those updates in memory: its lease drops the trainer, made again from
+    the latest checkpoint by the next step."""
+    return stats.trained or stats.optimizer_steps == 0
+
+
+def _set_aside(file: Path) -> int:
+    """Move a skipped attempt's input `<step>.jsonl` to `<step>-skip<k>.jsonl`; return k."""
+    skip = 1 + len(list(file.parent.glob(f"{file.stem}-skip*.jsonl")))
+    if file.is_file():
+        os.replace(file, file.with_name(f"{file.stem}-skip{skip}.jsonl"))
+    return skip
 
 
 @dataclass
@@ -989,23 +1015,3 @@ class _Lease:
     kept: bool = False
     """Set by the step once the trainer matches the latest checkpoint again (committed, or
     no update ran); otherwise it is dropped at the end of the lease."""
-
-
-def _return_freed_memory() -> None:
-    """After a step: collect garbage and hand the C heap's free pages back to the system.
-    glibc keeps freed memory in per-thread arenas, and each step's tensors differ in size,
-    so without this a long-running server's RSS climbs step after step (bench/soak_serve.py)."""
-    gc.collect()
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
-def _commit(folder: Path) -> None:
-    """The commit point of a step: its checkpoint folder becomes a checkpoint."""
-    (folder / UNCOMMITTED).unlink()
-    fsync_dir(folder)
-
-
-async def _withdraw(router: Router, model: str, step: int, previous: int) -> None:
-    router.withdraw(model, step, previous)

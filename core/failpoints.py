@@ -10,6 +10,10 @@ by a file in a folder the environment names:
     echo kill  > /some/folder/step.published    # SIGKILL the process there
     echo raise > /some/folder/step.published    # or raise OSError(EIO) there
 
+A value can be poisoned the same way: `echo "nan 2" > /some/folder/update.loss` makes
+the loss that the 2nd optimizer update of this process checks (trainer/step.py,
+`finite_update`: RL mini-batches and SFT batches alike) NaN, once (`nan` alone: the 1st).
+
 The first process that reaches an armed point takes its file (a rename: exactly one
 process fires it) and acts, so a server restarted after a crash, or the retry of a failed
 request, goes on. Without the variable (the normal case) `failpoint` is one dictionary
@@ -20,11 +24,12 @@ lookup. Children inherit the variable, so a point in the engine's process
 from __future__ import annotations
 
 import errno
+import math
 import os
 import signal
 from pathlib import Path
 
-__all__ = ["POINTS", "arm", "failpoint"]
+__all__ = ["POINTS", "arm", "failpoint", "poison"]
 
 FOLDER_VARIABLE = "RLCOACH_FAILPOINT_DIR"
 
@@ -34,23 +39,51 @@ POINTS = (
     "step.published",
     "step.committed",
     "engine.load_adapter",
+    "update.loss",
 )
 """Every failpoint, in the order a step reaches them: after the optimizer step, after the
 checkpoint folder is in place (not yet committed), after the adapter is published and
 the optimizer state written, after the commit (before the server records the result),
 and the engine process's adapter load."""
 
-ACTIONS = ("kill", "raise")
+ACTIONS = ("kill", "raise", "nan")
 
 
-def arm(folder: str | os.PathLike[str], name: str, action: str = "kill") -> Path:
-    """Arm point `name` once in `folder` (the process's $RLCOACH_FAILPOINT_DIR)."""
+_reached: dict[str, int] = {}
+"""How often this process reached each poisoned point (`poison`)."""
+
+
+def arm(folder: str | os.PathLike[str], name: str, action: str = "kill", at: int = 1) -> Path:
+    """Arm point `name` once in `folder` (the process's $RLCOACH_FAILPOINT_DIR); `at`:
+    the reach that fires a `nan` (1: the first)."""
     if name not in POINTS or action not in ACTIONS:
         raise ValueError(f"failpoint {name!r} / action {action!r}: use one of {POINTS} / {ACTIONS}")
     path = Path(folder) / name
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(action)
+    path.write_text(f"{action} {at}" if action == "nan" else action)
     return path
+
+
+def poison(name: str, value: float) -> float:
+    """`value`, or NaN where point `name` is armed with `nan` and this is the reach it
+    names (see the module)."""
+    folder = os.environ.get(FOLDER_VARIABLE)
+    if not folder:
+        return value
+    armed = Path(folder) / name
+    try:
+        action, _, at = armed.read_text().strip().partition(" ")
+    except OSError:
+        return value
+    reached = _reached[name] = _reached.get(name, 0) + 1
+    if action != "nan" or reached < int(at or 1):
+        return value
+    try:
+        os.rename(armed, armed.with_name(f".{name}.fired-{os.getpid()}"))
+    except OSError:
+        return value
+    _reached.pop(name, None)
+    return math.nan
 
 
 def failpoint(name: str) -> None:

@@ -117,12 +117,17 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
 
 
 def append_jsonl(path: str | os.PathLike[str], record: dict[str, Any]) -> None:
-    """Append one JSON line (a single write, flushed, so a reader never sees half)."""
+    """Append one JSON line (a single write, flushed, so a reader never sees half). A
+    last line torn by a crash (no newline) is ended first, so it cannot swallow this one."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps(record, sort_keys=True) + "\n"
-    with open(target, "a", encoding="utf-8") as handle:
-        handle.write(line)
+    with open(target, "a+b") as handle:
+        if handle.tell() > 0:
+            handle.seek(-1, os.SEEK_END)
+            if handle.read(1) != b"\n":
+                line = "\n" + line
+        handle.write(line.encode("utf-8"))
         handle.flush()
         os.fsync(handle.fileno())
 

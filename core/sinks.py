@@ -342,11 +342,21 @@ class SinkSet:
 
     def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
         """Add the sink counters and a timestamp, write the record, queue it; return it."""
-        record = {"step": step, **metrics, "time": time.time(), **self.counters()}
+        record = self.metrics_record(step, metrics)
+        self.write_metrics_record(record)
+        return record
+
+    def metrics_record(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        """The record `log_metrics` would write: `metrics` with the step, a timestamp and
+        the sink counters (a step keeps it in its checkpoint before committing)."""
+        return {"step": step, **metrics, "time": time.time(), **self.counters()}
+
+    def write_metrics_record(self, record: Mapping[str, Any]) -> None:
+        """Write a record made by `metrics_record` to disk (inline), then queue it."""
+        step = int(record["step"])
         self.disk.log_metrics(step, record)
         for worker in self._workers:
             worker.submit("log_metrics", step, dict(record))
-        return record
 
     def close(self) -> None:
         """Drain and close every plug-in (each within `close_timeout_s`)."""

@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlcoach.backend import STEP_RECORD, StepResult
+from rlcoach.backend import StepResult
 from rlcoach.paths import RunPaths, is_checkpoint
+from rlcoach.step_commit import STEP_RECORD
 from rlcoach.wire import CheckpointInfo, StepResultWire
 
 __all__ = ["finished_step", "list_checkpoints", "step_result_wire"]

@@ -52,6 +52,10 @@ class StepStats:
     """The mini-batch (1, 2, ...) whose loss or gradient norm was not finite, which
     stopped the step before its optimizer update (`trained` is then False and nothing is
     saved or published); 0 when every value was finite."""
+    optimizer_steps: int = 0
+    """Optimizer updates the step ran: one per mini-batch, fewer when a non-finite value
+    stopped it. A step that is not committed after any update left the trainer ahead of
+    its checkpoint, and the backend makes the trainer again from that checkpoint."""
     mismatch_abs_mean: float = 0.0
     """Sampler/trainer mismatch on the trained tokens at the weights that sampled them
     (objective.py): mean |trainer - sampler| log-prob,"""
@@ -84,6 +88,10 @@ class SFTStats:
     """Mean over all optimizer steps."""
     grad_norm: float
     seconds: float
+    non_finite: int = 0
+    """The optimizer step (1, 2, ...) whose loss or gradient norm was not finite, which
+    stopped the run (`trained` is then False, `optimizer_steps` the updates before it,
+    and nothing is saved or published); 0 when every value was finite."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

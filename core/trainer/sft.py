@@ -40,6 +40,7 @@ from rlcoach.config import SFTConfig
 from rlcoach.errors import TrainingDataError
 from rlcoach.trainer.base import SFTStats
 from rlcoach.trainer.sequences import TrainSequence, build_sequences, pack_sequences
+from rlcoach.trainer.step import finite_update
 from rlcoach.types import ChatRecord, Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
@@ -168,6 +169,28 @@ def _batches(sequences: Sequence[TrainSequence], config: SFTConfig) -> list[list
     return batches
 
 
+def _untrained(
+    examples: int, started: float, non_finite: int = 0, optimizer_steps: int = 0
+) -> SFTStats:
+    """The stats of an SFT run that trained nothing: no assistant token, or the loss or
+    gradient norm of optimizer step `non_finite` was not finite (after `optimizer_steps`
+    updates, which the backend rolls back)."""
+    return SFTStats(
+        trained=False,
+        examples=examples,
+        sequences=0,
+        optimizer_steps=optimizer_steps,
+        trained_tokens=0,
+        total_tokens=0,
+        loss_first=0.0,
+        loss_last=0.0,
+        loss=0.0,
+        grad_norm=0.0,
+        seconds=time.perf_counter() - started,
+        non_finite=non_finite,
+    )
+
+
 def sft_train(
     trainer: LoraTrainer,
     sequences: Sequence[TrainSequence],
@@ -179,19 +202,7 @@ def sft_train(
     started = time.perf_counter()
     trainable = [s for s in sequences if s.sampled_tokens > 0]
     if not trainable:
-        return SFTStats(
-            trained=False,
-            examples=examples or 0,
-            sequences=0,
-            optimizer_steps=0,
-            trained_tokens=0,
-            total_tokens=0,
-            loss_first=0.0,
-            loss_last=0.0,
-            loss=0.0,
-            grad_norm=0.0,
-            seconds=time.perf_counter() - started,
-        )
+        return _untrained(examples or 0, started)
     batches = _batches(trainable, config)
     bar = None
     if progress:
@@ -215,8 +226,10 @@ def sft_train(
                 )
                 loss.backward()
                 batch_loss += float(loss.detach())
-            norms.append(float(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)))
-            trainer.optimizer.step()
+            norm = float(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm))
+            if not finite_update(trainer.optimizer, batch_loss, norm, len(losses) + 1):
+                return _untrained(examples or 0, started, len(losses) + 1, len(losses))
+            norms.append(norm)
             losses.append(batch_loss)
             if bar is not None:
                 bar.update(1)

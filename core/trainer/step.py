@@ -32,6 +32,7 @@ from typing import Any, Protocol
 import torch
 
 from rlcoach.config import TrainConfig
+from rlcoach.failpoints import poison
 from rlcoach.trainer.base import StepStats
 from rlcoach.trainer.checkpoint import is_sharded
 from rlcoach.trainer.objective import (
@@ -48,6 +49,7 @@ from rlcoach.types import TrajectoryGroup
 __all__ = [
     "StepParts",
     "collect_sequences",
+    "finite_update",
     "grpo_step",
     "row_loss_terms",
     "untrained_stats",
@@ -103,11 +105,15 @@ def collect_sequences(
     return sequences, skipped, trajectories
 
 
-def untrained_stats(groups: int, skipped: int, started: float, non_finite: int = 0) -> StepStats:
+def untrained_stats(
+    groups: int, skipped: int, started: float, non_finite: int = 0, optimizer_steps: int = 0
+) -> StepStats:
     """The stats of a step that trained nothing: no group had reward variance, or the
-    loss or gradient norm of mini-batch `non_finite` was not finite."""
+    loss or gradient norm of mini-batch `non_finite` was not finite (after
+    `optimizer_steps` updates of the mini-batches before it)."""
     return StepStats(
         non_finite=non_finite,
+        optimizer_steps=optimizer_steps,
         trained=False,
         groups=groups,
         groups_skipped_no_variance=skipped,
@@ -152,6 +158,29 @@ def row_loss_terms(
         trainer_old_logprobs_T=trainer_old_T,
         mismatch_threshold=config.mismatch_threshold,
     )
+
+
+def finite_update(
+    optimizer: torch.optim.Optimizer, loss: float, grad_norm: float, number: int
+) -> bool:
+    """The optimizer update of mini-batch `number` (1, 2, ...), only if its loss and
+    gradient norm are finite; else its gradients are dropped and False says the whole
+    step is skipped. The one check of RL steps and SFT runs alike: a skipped step is
+    never saved or published, and the backend makes a trainer that an earlier
+    mini-batch had updated again from the latest checkpoint."""
+    loss = poison("update.loss", loss)  # a fault test's NaN (failpoints.py)
+    if math.isfinite(loss) and math.isfinite(grad_norm):
+        optimizer.step()
+        return True
+    optimizer.zero_grad(set_to_none=True)
+    logger.warning(
+        "mini-batch %d: loss %s, gradient norm %s; the step is skipped (no update from "
+        "this mini-batch; nothing is saved or published)",
+        number,
+        loss,
+        grad_norm,
+    )
+    return False
 
 
 def _as_float(norm: torch.Tensor) -> float:
@@ -214,17 +243,10 @@ def grpo_step(parts: StepParts, groups: list[TrajectoryGroup], c: TrainConfig) -
             # Summed over ranks before the update, so every rank sees the same values
             # (the norm is global under FSDP) and all of them stop here together.
             part_loss, part_clipped, part_kl, part_ratio = parts.sum_over_ranks(sums)
-            if not (math.isfinite(part_loss) and math.isfinite(norm)):
-                parts.optimizer.zero_grad(set_to_none=True)
-                logger.warning(
-                    "mini-batch %d: loss %s, gradient norm %s; the step is skipped (no update "
-                    "from this mini-batch; nothing is saved or published)",
-                    number + 1,
-                    part_loss,
-                    norm,
+            if not finite_update(parts.optimizer, part_loss, norm, number + 1):
+                return untrained_stats(
+                    len(groups), skipped, started, non_finite=number + 1, optimizer_steps=number
                 )
-                return untrained_stats(len(groups), skipped, started, non_finite=number + 1)
-            parts.optimizer.step()
             norms.append(norm)
             losses.append(part_loss)
             clipped, kl, ratio = clipped + part_clipped, kl + part_kl, ratio + part_ratio
@@ -246,6 +268,7 @@ def grpo_step(parts: StepParts, groups: list[TrajectoryGroup], c: TrainConfig) -
         kl=kl / sampled,
         mean_ratio=ratio / sampled,
         seconds=time.perf_counter() - started,
+        optimizer_steps=len(norms),
         **mismatch_metrics([measured]),
     )
 

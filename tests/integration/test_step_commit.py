@@ -2,8 +2,9 @@
 the tiny random-weight model (tests/conftest.py), the real trainer, checkpoints, router
 and publish. Faults are real: a file-size limit (RLIMIT_FSIZE, the kernel refusing the
 write like a full disk would) on the optimizer state, a batch whose loss overflows, and
-failpoints (core/failpoints.py) raising at a point of the step. The same commit point
-under kill -9 of `rlcoach serve` is in test_serve_faults.py.
+failpoints (core/failpoints.py) raising at a point of the step or making the loss of
+one optimizer update NaN. The same commit point under kill -9 of `rlcoach serve` is in
+test_serve_faults.py.
 """
 
 import asyncio
@@ -12,11 +13,22 @@ import resource
 import signal
 
 import pytest
+import torch
+from peft import get_peft_model_state_dict
+from safetensors.torch import load_file
 
-from rlcoach import LocalBackend, SampledChoice, TrainableModel, Trajectory, TrajectoryGroup
+from rlcoach import (
+    ChatRecord,
+    LocalBackend,
+    SampledChoice,
+    TrainableModel,
+    Trajectory,
+    TrajectoryGroup,
+)
 from rlcoach.errors import CheckpointError
-from rlcoach.failpoints import arm
+from rlcoach.failpoints import FOLDER_VARIABLE, arm
 from rlcoach.paths import UNCOMMITTED
+from rlcoach.step_commit import METRICS_RECORD
 from rlcoach.trainer.checkpoint import OPTIMIZER_FILE
 
 
@@ -143,3 +155,88 @@ async def test_steps_of_one_model_run_one_at_a_time(trained):
     results = await asyncio.gather(*(model.backend.train(model, b, config) for b in batches))
     assert sorted(r.step for r in results) == [2, 3, 4] and model.step == 4
     assert [r["step"] for r in _records(backend, model)] == [1, 2, 3, 4]
+
+
+def _at_checkpoint(backend: LocalBackend, model: TrainableModel, step: int | None = None) -> bool:
+    """Whether the model's trainer (as the next step gets it) holds exactly the adapter of
+    checkpoint `step` (the latest by default)."""
+    folder = backend.paths(model).checkpoint(model.step if step is None else step)
+    saved = load_file(str(folder / "adapter_model.safetensors"))
+    weights = get_peft_model_state_dict(backend._trainer(model).model)
+    assert weights.keys() == saved.keys()
+    return all(torch.equal(weights[k].cpu(), saved[k]) for k in saved)
+
+
+async def test_a_later_mini_batch_that_is_not_finite_leaves_no_update_in_memory(trained):
+    backend, model = trained
+    trainer = backend._trainers[model.name]
+    assert _at_checkpoint(backend, model)
+    # Two mini-batches: the first (reward 1) is finite and updates the adapter; the
+    # second's loss overflows (as in the test above), so the step is skipped.
+    result = await model.train(_batch(model, low_logprob=-1000.0), {"mini_batches": 2})
+    stats = result.stats
+    assert not stats.trained and stats.non_finite == 2 and stats.optimizer_steps == 1
+    assert _state(backend, model) == (1, 1, ["000001"])
+    # The update of mini-batch 1 is gone: the trainer was dropped, and the one the next
+    # step gets is the checkpoint's.
+    assert model.name not in backend._trainers and trainer is not None
+    assert _at_checkpoint(backend, model)
+    assert (await model.train(_batch(model), {"mini_batches": 2})).step == 2
+    assert _at_checkpoint(backend, model) and not _at_checkpoint(backend, model, 1)
+
+
+async def test_sft_whose_loss_is_not_finite_is_skipped_and_rolled_back(
+    trained, tmp_path, monkeypatch
+):
+    backend, model = trained
+    monkeypatch.setenv(FOLDER_VARIABLE, str(tmp_path / "failpoints"))
+    examples = [
+        ChatRecord(
+            messages=[{"role": "user", "content": f"Say {w}."}, {"role": "assistant", "content": w}]
+        )
+        for w in ("yes", "no")
+    ]
+    # Two optimizer updates (one example each); the second one's loss is made NaN.
+    arm(tmp_path / "failpoints", "update.loss", "nan", at=2)
+    result = await model.train_sft(examples, {"batch_size": 1})
+    stats = result.stats
+    assert not stats.trained and stats.non_finite == 2 and stats.optimizer_steps == 1
+    assert result.step == 1 and result.checkpoint is None
+    assert _state(backend, model) == (1, 1, ["000001"])
+    record = _records(backend, model)[-1]
+    assert record["event"] == "skipped" and record["non_finite"] == 2 and record["skip"] == 1
+    assert (backend.paths(model).dir / "sft" / "000002-skip1.jsonl").is_file()
+    assert _at_checkpoint(backend, model)  # the first update was rolled back
+    assert (await model.train_sft(examples, {"batch_size": 1})).step == 2
+
+
+async def test_a_committed_steps_metrics_line_is_written_once_whatever_fails(
+    trained, tmp_path, monkeypatch
+):
+    """The failpoint raises between the commit and the metrics line (as a full disk
+    would): the step stands, and its line is written by the next commit; a second
+    registration (as after a kill -9 there, test_serve_faults.py) adds nothing twice."""
+    backend, model = trained
+    paths = backend.paths(model)
+    monkeypatch.setenv(FOLDER_VARIABLE, str(tmp_path / "failpoints"))
+    arm(tmp_path / "failpoints", "step.committed", "raise")
+    result = await model.train(_batch(model))
+    assert result.step == 2 and _state(backend, model) == (2, 2, ["000001", "000002"])
+    assert [r["step"] for r in _records(backend, model)] == [1]
+    line = json.loads((paths.checkpoint(2) / METRICS_RECORD).read_text())
+    assert await model.train(_batch(model)) and model.step == 3
+    records = _records(backend, model)
+    assert [(r["step"], r["event"]) for r in records] == [(1, "train"), (2, "train"), (3, "train")]
+    assert records[1] == line
+    # A torn last line (a crash mid-append) neither hides nor swallows a line; another
+    # backend registering the model (a restart) writes nothing twice.
+    with paths.metrics.open("a") as handle:
+        handle.write('{"step": 3, "ev')
+    again = LocalBackend(backend.root, engine={"kind": "transformers"})
+    other = TrainableModel("commit", "p", base_model=model.base_model)
+    await other.register(again)
+    assert (await other.train(_batch(other))).step == 4
+    await again.close()
+    lines = paths.metrics.read_text().splitlines()
+    assert lines[3] == '{"step": 3, "ev' and len(lines) == 5
+    assert [json.loads(lines[i])["step"] for i in (0, 1, 2, 4)] == [1, 2, 3, 4]
