@@ -610,20 +610,10 @@ class LocalBackend:
                     lease = await held.enter_async_context(self._leased_trainer(model))
                     stats = await asyncio.to_thread(lease.trainer.step, fresh, train_config)
                 failpoint("step.trained")
+                trained = _Trained(stats, groups, started, staleness, timings, rendering)
                 if stats.trained:
                     step_record = {"request_id": request_id, "stats": stats.as_dict()}
-                    result = await self._commit(
-                        model,
-                        lease.trainer,
-                        stats,
-                        step_record,
-                        "train",
-                        groups,
-                        started,
-                        staleness,
-                        timings,
-                        rendering,
-                    )
+                    result = await self._commit(model, lease.trainer, trained, step_record)
                 lease.kept = _matches_checkpoint(stats)
         except Exception as e:
             await self._open_requests()
@@ -631,26 +621,14 @@ class LocalBackend:
             raise
         if not stats.trained:
             await self._open_requests()
-            return await self._skipped(
-                model, next_step, stats, groups, started, staleness, timings, rendering
-            )
+            return await self._skipped(model, next_step, trained)
         return result
 
-    async def _skipped(
-        self,
-        model: TrainableModel,
-        step: int,
-        stats: StepStats | SFTStats,
-        groups: list[TrajectoryGroup],
-        started: float,
-        staleness: Staleness | None = None,
-        timings: dict[str, float] | None = None,
-        rendering: dict[str, float] | None = None,
-    ) -> StepResult:
+    async def _skipped(self, model: TrainableModel, step: int, trained: _Trained) -> StepResult:
         """An RL step or SFT run that trained nothing (no reward variance, or a value that
         was not finite): its input is moved aside (`<step>-skip<k>.jsonl`, so the next
         attempt at `step` cannot overwrite it) and a `skipped` record says why."""
-        sinks = self.sinks(model)
+        sinks, stats = self.sinks(model), trained.stats
         if isinstance(stats, SFTStats):
             examples = self.paths(model).dir / "sft" / f"{step:06d}.jsonl"
             skip = await asyncio.to_thread(_set_aside, examples)
@@ -670,10 +648,8 @@ class LocalBackend:
             why,
             model.step,
         )
-        result = StepResult(
-            model.step, stats, None, 0.0, 0.0, staleness, timings or {}, rendering or {}
-        )
-        metrics = self._metrics(model, step, "skipped", result, groups, started, skip)
+        result = trained.result(model.step)
+        metrics = self._metrics(model, step, "skipped", result, trained, skip)
         await asyncio.to_thread(sinks.log_metrics, step, metrics)
         return result
 
@@ -809,20 +785,16 @@ class LocalBackend:
                         "the SFT examples hold no assistant token to train on; fix: "
                         "include the assistant turns the model should imitate"
                     )
+                trained = _Trained(stats, [], started, timings=timings)
                 if stats.trained:
-                    step_record = {
-                        "request_id": request_id,
-                        "kind": "sft",
-                        "stats": stats.as_dict(),
-                    }
-                    result = await self._commit(
-                        model, trainer, stats, step_record, "sft", [], started, None, timings
-                    )
+                    step_record = {"request_id": request_id, "kind": "sft"}
+                    step_record["stats"] = stats.as_dict()
+                    result = await self._commit(model, trainer, trained, step_record)
                 lease.kept = _matches_checkpoint(stats)
         finally:
             await self._open_requests()
         if not stats.trained:
-            return await self._skipped(model, next_step, stats, [], started, None, timings)
+            return await self._skipped(model, next_step, trained)
         return result
 
     async def log(
@@ -886,14 +858,8 @@ class LocalBackend:
         self,
         model: TrainableModel,
         trainer: Trainer,
-        stats: StepStats | SFTStats,
+        trained: _Trained,
         step_record: dict[str, Any],
-        event: str,
-        groups: list[TrajectoryGroup],
-        started: float,
-        staleness: Staleness | None = None,
-        timings: dict[str, float] | None = None,
-        rendering: dict[str, float] | None = None,
     ) -> StepResult:
         """Make the trained adapter the model's next step, or nothing of it
         (step_commit.py: its folder, publish, metrics record and commit point; on any
@@ -904,22 +870,11 @@ class LocalBackend:
         sinks = self.sinks(model)
         step = model.step + 1
 
-        def result(folder: Path, save_seconds: float, publish_seconds: float) -> StepResult:
-            return StepResult(
-                step,
-                stats,
-                folder,
-                publish_seconds,
-                save_seconds,
-                staleness,
-                timings or {},
-                rendering or {},
-            )
+        event = "sft" if isinstance(trained.stats, SFTStats) else "train"
 
         def metrics_record(folder: Path, save_seconds: float, publish_seconds: float) -> dict:
-            done = result(folder, save_seconds, publish_seconds)
-            metrics = self._metrics(model, step, event, done, groups, started)
-            return sinks.metrics_record(step, metrics)
+            done = trained.result(step, folder, save_seconds, publish_seconds)
+            return sinks.metrics_record(step, self._metrics(model, step, event, done, trained))
 
         committed = await commit_step(
             self.gateway,
@@ -933,7 +888,9 @@ class LocalBackend:
         )
         model.step = step
         await asyncio.to_thread(self._after_commit, model)
-        return result(committed.folder, committed.save_seconds, committed.publish_seconds)
+        return trained.result(
+            step, committed.folder, committed.save_seconds, committed.publish_seconds
+        )
 
     def _after_commit(self, model: TrainableModel) -> None:
         """The committed step's `metrics.jsonl` line (and any a crash lost). Nothing here
@@ -956,8 +913,7 @@ class LocalBackend:
         step: int,
         event: str,
         result: StepResult,
-        groups: list[TrajectoryGroup],
-        started: float,
+        trained: _Trained,
         skip: int = 0,
     ) -> dict[str, Any]:
         """One step's metrics, under `step`: the step its trajectories were logged for.
@@ -966,8 +922,8 @@ class LocalBackend:
         record = {
             "event": event,
             **result.as_dict(),
-            **rollout_metrics(groups),
-            "step_seconds": time.perf_counter() - started,
+            **rollout_metrics(trained.groups),
+            "step_seconds": time.perf_counter() - trained.started,
             "policy": f"{model.name}@{result.step}",
             "step": step,
         }
@@ -988,6 +944,34 @@ class LocalBackend:
             self.gateway.stop()
         self.gateway = None
         self.engine = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Trained:
+    """What a finished training run (an RL step or an SFT run) hands to its commit or its
+    skip: the trainer's stats and what the step's result and metrics record add."""
+
+    stats: StepStats | SFTStats
+    groups: list[TrajectoryGroup]
+    started: float
+    staleness: Staleness | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    rendering: dict[str, float] = field(default_factory=dict)
+
+    def result(
+        self, step: int, folder: Path | None = None, save_s: float = 0.0, publish_s: float = 0.0
+    ) -> StepResult:
+        """The step's result: committed as `step` in `folder`, or skipped (no folder)."""
+        return StepResult(
+            step,
+            self.stats,
+            folder,
+            publish_s,
+            save_s,
+            self.staleness,
+            self.timings,
+            self.rendering,
+        )
 
 
 def _matches_checkpoint(stats: StepStats | SFTStats) -> bool:

@@ -733,6 +733,12 @@ async def test_serve_killed_at_each_point_of_a_step_trains_it_exactly_once(serve
         assert checkpoints(server, "faults", "crashed") == steps
         left = f", its uncommitted folder {uncommitted[0]} removed" if uncommitted else ""
         seen.append(f"{point}: {how}{left}")
+    # The kill at step.committed fell between the commit and the step's metrics.jsonl
+    # line: the restart's registration wrote it from the checkpoint, once.
+    metrics = (server.root / "faults" / "crashed" / "metrics.jsonl").read_text()
+    records = [json.loads(line) for line in metrics.splitlines() if line.strip()]
+    lines = [r["step"] for r in records if r.get("event") == "train"]
+    assert lines == [1, 2, 3, 4], lines
     fault_matrix.record(
         "`rlcoach serve` killed -9 at each point of a step: after the optimizer step, after "
         "the checkpoint folder's rename, after the publish and optimizer-state write, after "
@@ -741,7 +747,8 @@ async def test_serve_killed_at_each_point_of_a_step_trains_it_exactly_once(serve
         "is trained again where it had not committed, replayed where it had; " + "; ".join(seen),
         on_disk(server, "faults", "crashed")
         + " (steps 1-4, each trained exactly once; an uncommitted folder is removed at "
-        "registration)",
+        f"registration); metrics.jsonl: train lines for steps {lines}, each once (the line "
+        "of the step killed after its commit is written from its checkpoint at the restart)",
     )
     await backend.close()
 

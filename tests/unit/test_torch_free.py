@@ -20,14 +20,14 @@ rl = {
     "trained": True, "groups": 2, "groups_skipped_no_variance": 0, "trajectories": 8,
     "sequences": 8, "sampled_tokens": 100, "total_tokens": 400, "loss": 0.5,
     "grad_norm": 1.0, "clip_fraction": 0.1, "kl": 0.0, "mean_ratio": 1.0, "seconds": 2.0,
-    "non_finite": 0,
+    "non_finite": 0, "optimizer_steps": 1,
     "mismatch_abs_mean": 0.01, "mismatch_abs_max": 0.2, "mismatch_kl_k3": 1e-4,
     "mismatch_beyond_fraction": 0.0,
 }
 sft = {
     "trained": True, "examples": 4, "sequences": 4, "optimizer_steps": 1,
     "trained_tokens": 50, "total_tokens": 200, "loss_first": 2.0, "loss_last": 1.5,
-    "loss": 1.7, "grad_norm": 3.0, "seconds": 1.0,
+    "loss": 1.7, "grad_norm": 3.0, "seconds": 1.0, "non_finite": 0,
 }
 results = [
     _step_result(StepResultWire(step=3, stats=rl, checkpoint="p/m/checkpoints/3")),
