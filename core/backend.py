@@ -898,7 +898,7 @@ class LocalBackend:
         registration (step_commit.MetricsLedger)."""
         try:
             failpoint("step.committed")
-            self._ledgers[model.name].sync()
+            self._ledgers[model.name].sync(upto=model.step)
         except Exception:
             logger.exception(
                 "step %d of %s is committed, but its metrics.jsonl line could not be written "

@@ -40,7 +40,14 @@ from typing import TYPE_CHECKING, Any
 
 from rlcoach.errors import CheckpointError, RLCoachError
 from rlcoach.failpoints import failpoint
-from rlcoach.paths import UNCOMMITTED, RunPaths, fsync_dir, fsync_tree, write_text_atomic
+from rlcoach.paths import (
+    UNCOMMITTED,
+    RunPaths,
+    fsync_dir,
+    fsync_tree,
+    is_checkpoint,
+    write_text_atomic,
+)
 
 if TYPE_CHECKING:
     from rlcoach.gateway import Gateway
@@ -194,17 +201,20 @@ class MetricsLedger:
         self._synced_to: int | None = None
         """Every committed step up to this one has its line (None: read the file)."""
 
-    def sync(self, full: bool = False) -> list[int]:
+    def sync(self, full: bool = False, upto: int | None = None) -> list[int]:
         """Write the missing lines; return their steps. `full`: read the whole file (a
-        registration: another process may have written it)."""
+        registration: another process may have written it). `upto`: the step just
+        committed (after a commit only the folders since the last sync are looked at, so
+        a step costs the same however many checkpoints the run keeps)."""
         with self._lock:
-            committed = self.paths.complete_checkpoints()
             start = None if full else self._synced_to
-            if start is None:
-                logged = _logged_steps(self.paths.metrics)
-                start = -1
+            if start is None or upto is None:
+                committed = self.paths.complete_checkpoints()
             else:
-                logged = set()
+                folders = {s: self.paths.checkpoint(s) for s in range(start + 1, upto + 1)}
+                committed = {s: f for s, f in folders.items() if is_checkpoint(f)}
+            logged = _logged_steps(self.paths.metrics) if start is None else set()
+            start = -1 if start is None else start
             written = []
             self._synced_to = None  # until every write below has succeeded
             for step in sorted(s for s in committed if s > start and s not in logged):
@@ -218,7 +228,7 @@ class MetricsLedger:
                     continue
                 self.write(record)
                 written.append(step)
-            self._synced_to = max(committed, default=max(start, 0))
+            self._synced_to = max([start, *committed])
             return written
 
 
