@@ -4,9 +4,10 @@
 in-process transformers engine) and the gateway in front of it, and resumes the model
 from its latest complete checkpoint. `train(model, groups)` saves the groups beside the
 checkpoints first (so a crash mid-step loses no trajectory), runs one LoRA step in a
-worker thread, writes the adapter to a temp folder renamed to
-`<root>/<project>/<model>/checkpoints/<step>/`, publishes it to the engine, then writes
-the optimizer state beside it (off the publish path) and bumps the model's step.
+worker thread, and commits it (step_commit.py: the adapter renamed into
+`<root>/<project>/<model>/checkpoints/<step>/`, published to the engine while the
+optimizer state is written beside it, its metrics record kept in the folder, the commit
+point; any failure before it rolls the whole step back), then bumps the model's step.
 Before training, samples staler than `TrainConfig.max_staleness` policy versions are
 dropped and counted (staleness.py). Rollouts may run while a step trains (the async
 pipeline, pipeline.py; the default where `can_overlap`, on GPUs); on a CPU the loop
@@ -24,11 +25,12 @@ checkpoint.
 `Backend` is the protocol a `TrainableModel` needs from any backend; `RemoteBackend`
 (remote.py) implements it over HTTP against `rlcoach serve`, so user code switches
 between the two by one line. A step trained for a request id (the server passes the
-client's) records that id inside its checkpoint folder before the rename, so a retried
-request can be recognised as done even when the server died right after the rename.
+client's) records that id inside its checkpoint folder, so a retried request is
+recognised as done once the step has committed, even if the server died right after.
 
 Each registered model gets a `SinkSet` (sinks.py): the disk record (trajectories before
-the step, a line of `metrics.jsonl` after it) and the plug-ins the `sinks` config names
+the step, a line of `metrics.jsonl` after its commit, written again from the checkpoint
+at registration if a crash lost it) and the plug-ins the `sinks` config names
 or the environment asks for (Langfuse, W&B), which never block or fail a step.
 """
 
@@ -43,7 +45,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -69,13 +71,20 @@ from rlcoach.sinks import (
     SinkSet,
     open_sinks,
     resolve_sinks,
-    rollout_metrics,
     run_info,
 )
 from rlcoach.staleness import Staleness, drop_stale
-from rlcoach.step_commit import STEP_RECORD, MetricsLedger, commit_step
+from rlcoach.step_commit import (
+    STEP_RECORD,
+    MetricsLedger,
+    StepResult,
+    TrainedStep,
+    commit_step,
+    matches_checkpoint,
+    set_aside,
+)
 from rlcoach.supervisor import EngineSupervisor, RestartableEngine
-from rlcoach.trainer.base import SFTStats, StepStats, Trainer
+from rlcoach.trainer.base import SFTStats, Trainer
 from rlcoach.trainer.pool import TrainerPool
 from rlcoach.training_input import TrainingLimits, check_examples, check_groups, training_limits
 from rlcoach.types import ChatRecord, Trajectory, TrajectoryGroup
@@ -94,46 +103,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class StepResult:
-    """What `train()` did: the new step, the trainer's stats, publish timings."""
-
-    step: int
-    stats: StepStats | SFTStats
-    checkpoint: Path | None
-    publish_seconds: float
-    save_seconds: float
-    staleness: Staleness | None = None
-    """What the staleness bound dropped (staleness.py); None for SFT."""
-    timings: dict[str, float] = field(default_factory=dict)
-    """Phases of the step beside training, in seconds: `sleep_seconds` and
-    `wake_seconds` of a sleeping engine (colocation.py)."""
-    rendering: dict[str, float] = field(default_factory=dict)
-    """Client-built trajectories rendered for this step (trainer/render.py): how many,
-    tokens re-tokenized, tokens without sampler log-probs."""
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "publish_seconds": self.publish_seconds,
-            "save_seconds": self.save_seconds,
-            **self.timings,
-            **(self.staleness.as_dict() if self.staleness is not None else {}),
-            **self.stats.as_dict(),
-            **self.rendering,
-        }
-
-    @property
-    def metrics(self) -> dict[str, Any]:
-        """The step's numbers (ART's `TrainResult.metrics`): `as_dict()` without `step`."""
-        return {k: v for k, v in self.as_dict().items() if k != "step"}
-
-    @property
-    def checkpoint_path(self) -> str | None:
-        """The new checkpoint's folder as a string (ART's name), None if nothing trained."""
-        return None if self.checkpoint is None else str(self.checkpoint)
 
 
 @runtime_checkable
@@ -610,11 +579,11 @@ class LocalBackend:
                     lease = await held.enter_async_context(self._leased_trainer(model))
                     stats = await asyncio.to_thread(lease.trainer.step, fresh, train_config)
                 failpoint("step.trained")
-                trained = _Trained(stats, groups, started, staleness, timings, rendering)
+                trained = TrainedStep(stats, groups, started, staleness, timings, rendering)
                 if stats.trained:
                     step_record = {"request_id": request_id, "stats": stats.as_dict()}
                     result = await self._commit(model, lease.trainer, trained, step_record)
-                lease.kept = _matches_checkpoint(stats)
+                lease.kept = matches_checkpoint(stats)
         except Exception as e:
             await self._open_requests()
             await self._step_failed(model, next_step, e, staleness, started)
@@ -624,14 +593,14 @@ class LocalBackend:
             return await self._skipped(model, next_step, trained)
         return result
 
-    async def _skipped(self, model: TrainableModel, step: int, trained: _Trained) -> StepResult:
+    async def _skipped(self, model: TrainableModel, step: int, trained: TrainedStep) -> StepResult:
         """An RL step or SFT run that trained nothing (no reward variance, or a value that
         was not finite): its input is moved aside (`<step>-skip<k>.jsonl`, so the next
         attempt at `step` cannot overwrite it) and a `skipped` record says why."""
         sinks, stats = self.sinks(model), trained.stats
         if isinstance(stats, SFTStats):
             examples = self.paths(model).dir / "sft" / f"{step:06d}.jsonl"
-            skip = await asyncio.to_thread(_set_aside, examples)
+            skip, _ = await asyncio.to_thread(set_aside, examples, "skip")
         else:
             skip = await asyncio.to_thread(sinks.mark_skipped, step)
         if stats.non_finite:
@@ -649,7 +618,7 @@ class LocalBackend:
             model.step,
         )
         result = trained.result(model.step)
-        metrics = self._metrics(model, step, "skipped", result, trained, skip)
+        metrics = trained.metrics(model.name, step, "skipped", result, skip)
         await asyncio.to_thread(sinks.log_metrics, step, metrics)
         return result
 
@@ -689,10 +658,9 @@ class LocalBackend:
         files (the next step's would overwrite it), and the failure is a metrics record.
         The caller re-raises."""
         batch = self.paths(model).trajectory_file(step)
-        attempt = 1 + len(list(batch.parent.glob(f"{batch.stem}-failed*.jsonl")))
-        kept = batch.with_name(f"{batch.stem}-failed{attempt}.jsonl")
+        kept = batch.with_name(f"{batch.stem}-failed?.jsonl")
         with contextlib.suppress(OSError):
-            os.replace(batch, kept)
+            _, kept = set_aside(batch, "failed")
         logger.error("step %d failed (%r); its batch is kept in %s", step, error, kept)
         record = {
             "event": "failed",
@@ -785,12 +753,12 @@ class LocalBackend:
                         "the SFT examples hold no assistant token to train on; fix: "
                         "include the assistant turns the model should imitate"
                     )
-                trained = _Trained(stats, [], started, timings=timings)
+                trained = TrainedStep(stats, [], started, timings=timings)
                 if stats.trained:
                     step_record = {"request_id": request_id, "kind": "sft"}
                     step_record["stats"] = stats.as_dict()
                     result = await self._commit(model, trainer, trained, step_record)
-                lease.kept = _matches_checkpoint(stats)
+                lease.kept = matches_checkpoint(stats)
         finally:
             await self._open_requests()
         if not stats.trained:
@@ -858,7 +826,7 @@ class LocalBackend:
         self,
         model: TrainableModel,
         trainer: Trainer,
-        trained: _Trained,
+        trained: TrainedStep,
         step_record: dict[str, Any],
     ) -> StepResult:
         """Make the trained adapter the model's next step, or nothing of it
@@ -874,7 +842,7 @@ class LocalBackend:
 
         def metrics_record(folder: Path, save_seconds: float, publish_seconds: float) -> dict:
             done = trained.result(step, folder, save_seconds, publish_seconds)
-            return sinks.metrics_record(step, self._metrics(model, step, event, done, trained))
+            return sinks.metrics_record(step, trained.metrics(model.name, step, event, done))
 
         committed = await commit_step(
             self.gateway,
@@ -907,30 +875,6 @@ class LocalBackend:
                 model.name,
             )
 
-    @staticmethod
-    def _metrics(
-        model: TrainableModel,
-        step: int,
-        event: str,
-        result: StepResult,
-        trained: _Trained,
-        skip: int = 0,
-    ) -> dict[str, Any]:
-        """One step's metrics, under `step`: the step its trajectories were logged for.
-        A skipped attempt's record says which (`skip`: 1, 2, ... at that step, as in its
-        trajectory file's name) and the step the model stayed at (`model_step`)."""
-        record = {
-            "event": event,
-            **result.as_dict(),
-            **rollout_metrics(trained.groups),
-            "step_seconds": time.perf_counter() - trained.started,
-            "policy": f"{model.name}@{result.step}",
-            "step": step,
-        }
-        if skip:
-            record.update(skip=skip, model_step=result.step)
-        return record
-
     async def close(self) -> None:
         await asyncio.to_thread(self._pool.close)
         for sinks in self._sinks.values():
@@ -944,51 +888,6 @@ class LocalBackend:
             self.gateway.stop()
         self.gateway = None
         self.engine = None
-
-
-@dataclass(frozen=True, slots=True)
-class _Trained:
-    """What a finished training run (an RL step or an SFT run) hands to its commit or its
-    skip: the trainer's stats and what the step's result and metrics record add."""
-
-    stats: StepStats | SFTStats
-    groups: list[TrajectoryGroup]
-    started: float
-    staleness: Staleness | None = None
-    timings: dict[str, float] = field(default_factory=dict)
-    rendering: dict[str, float] = field(default_factory=dict)
-
-    def result(
-        self, step: int, folder: Path | None = None, save_s: float = 0.0, publish_s: float = 0.0
-    ) -> StepResult:
-        """The step's result: committed as `step` in `folder`, or skipped (no folder)."""
-        return StepResult(
-            step,
-            self.stats,
-            folder,
-            publish_s,
-            save_s,
-            self.staleness,
-            self.timings,
-            self.rendering,
-        )
-
-
-def _matches_checkpoint(stats: StepStats | SFTStats) -> bool:
-    """Whether a finished step's trainer still matches the model's latest checkpoint: it
-    committed, or it ran no optimizer update (nothing trained, or a non-finite value in
-    its first mini-batch). A skipped step that updated before its non-finite mini-batch
-    must not leave those updates in memory: its lease drops the trainer, made again from
-    the latest checkpoint by the next step."""
-    return stats.trained or stats.optimizer_steps == 0
-
-
-def _set_aside(file: Path) -> int:
-    """Move a skipped attempt's input `<step>.jsonl` to `<step>-skip<k>.jsonl`; return k."""
-    skip = 1 + len(list(file.parent.glob(f"{file.stem}-skip*.jsonl")))
-    if file.is_file():
-        os.replace(file, file.with_name(f"{file.stem}-skip{skip}.jsonl"))
-    return skip
 
 
 @dataclass

@@ -17,6 +17,12 @@ the marker, which registration removes (`RunPaths.remove_partial_checkpoints`). 
 way the caller drops its trainer (its optimizer already stepped), and the next step
 makes one from the latest committed checkpoint.
 
+A step that trained nothing (no reward variance, or a loss or gradient norm that was not
+finite) or that failed is not committed either: its input is set aside beside the
+step's files (`set_aside`) and a `skipped` or `failed` metrics record says so; where an
+optimizer update of it had run, its trainer is dropped (`matches_checkpoint`). Every
+outcome is described by a `TrainedStep` and returned as a `StepResult`.
+
 After the commit nothing can undo or fail the step. Its `metrics.jsonl` line is written
 by `MetricsLedger.sync`, which makes the file whole from the committed checkpoints: the
 line of every committed step that has none yet, each exactly once. It runs after every
@@ -34,7 +40,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,11 +54,14 @@ from rlcoach.paths import (
     is_checkpoint,
     write_text_atomic,
 )
+from rlcoach.sinks import rollout_metrics
 
 if TYPE_CHECKING:
     from rlcoach.gateway import Gateway
     from rlcoach.router import Router
-    from rlcoach.trainer.base import Trainer
+    from rlcoach.staleness import Staleness
+    from rlcoach.trainer.base import SFTStats, StepStats, Trainer
+    from rlcoach.types import TrajectoryGroup
 
 __all__ = [
     "COMMITTED_EVENTS",
@@ -60,7 +69,11 @@ __all__ = [
     "STEP_RECORD",
     "Committed",
     "MetricsLedger",
+    "StepResult",
+    "TrainedStep",
     "commit_step",
+    "matches_checkpoint",
+    "set_aside",
     "write_failed",
     "write_uncommitted",
 ]
@@ -76,6 +89,112 @@ commit point (so a committed step always has its line, see `MetricsLedger`)."""
 
 COMMITTED_EVENTS = ("train", "sft")
 """The `event` of a committed step's metrics record."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What `train()` did: the new step, the trainer's stats, publish timings."""
+
+    step: int
+    stats: StepStats | SFTStats
+    checkpoint: Path | None
+    publish_seconds: float
+    save_seconds: float
+    staleness: Staleness | None = None
+    """What the staleness bound dropped (staleness.py); None for SFT."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """Phases of the step beside training, in seconds: `sleep_seconds` and
+    `wake_seconds` of a sleeping engine (colocation.py)."""
+    rendering: dict[str, float] = field(default_factory=dict)
+    """Client-built trajectories rendered for this step (trainer/render.py): how many,
+    tokens re-tokenized, tokens without sampler log-probs."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "publish_seconds": self.publish_seconds,
+            "save_seconds": self.save_seconds,
+            **self.timings,
+            **(self.staleness.as_dict() if self.staleness is not None else {}),
+            **self.stats.as_dict(),
+            **self.rendering,
+        }
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """The step's numbers (ART's `TrainResult.metrics`): `as_dict()` without `step`."""
+        return {k: v for k, v in self.as_dict().items() if k != "step"}
+
+    @property
+    def checkpoint_path(self) -> str | None:
+        """The new checkpoint's folder as a string (ART's name), None if nothing trained."""
+        return None if self.checkpoint is None else str(self.checkpoint)
+
+
+@dataclass(frozen=True, slots=True)
+class TrainedStep:
+    """What a finished training run (an RL step or an SFT run) hands to its commit or its
+    skip: the trainer's stats and what the step's result and metrics record add."""
+
+    stats: StepStats | SFTStats
+    groups: list[TrajectoryGroup]
+    started: float
+    staleness: Staleness | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    rendering: dict[str, float] = field(default_factory=dict)
+
+    def result(
+        self, step: int, folder: Path | None = None, save_s: float = 0.0, publish_s: float = 0.0
+    ) -> StepResult:
+        """The step's result: committed as `step` in `folder`, or skipped (no folder)."""
+        return StepResult(
+            step,
+            self.stats,
+            folder,
+            publish_s,
+            save_s,
+            self.staleness,
+            self.timings,
+            self.rendering,
+        )
+
+    def metrics(
+        self, model_name: str, step: int, event: str, result: StepResult, skip: int = 0
+    ) -> dict[str, Any]:
+        """The metrics record of this outcome, under `step`: the step its trajectories
+        were logged for. A skipped attempt's record says which (`skip`: 1, 2, ... at that
+        step, as in its file's name) and the step the model stayed at (`model_step`)."""
+        record = {
+            "event": event,
+            **result.as_dict(),
+            **rollout_metrics(self.groups),
+            "step_seconds": time.perf_counter() - self.started,
+            "policy": f"{model_name}@{result.step}",
+            "step": step,
+        }
+        if skip:
+            record.update(skip=skip, model_step=result.step)
+        return record
+
+
+def matches_checkpoint(stats: StepStats | SFTStats) -> bool:
+    """Whether a finished step's trainer still matches the model's latest checkpoint: it
+    committed, or it ran no optimizer update (nothing trained, or a non-finite value in
+    its first mini-batch). A skipped step that updated before its non-finite mini-batch
+    must not leave those updates in memory: its lease drops the trainer, made again from
+    the latest checkpoint by the next step."""
+    return stats.trained or stats.optimizer_steps == 0
+
+
+def set_aside(file: Path, tag: str) -> tuple[int, Path]:
+    """Move an attempt's input `<step>.jsonl` that no commit used to `<step>-<tag><k>.jsonl`
+    (k = 1, 2, ... per attempt, so the next attempt at the step cannot overwrite it);
+    return k and the new name."""
+    attempt = 1 + len(list(file.parent.glob(f"{file.stem}-{tag}*.jsonl")))
+    kept = file.with_name(f"{file.stem}-{tag}{attempt}.jsonl")
+    if file.is_file():
+        os.replace(file, kept)
+    return attempt, kept
 
 
 @dataclass(frozen=True, slots=True)
