@@ -837,7 +837,6 @@ class LocalBackend:
         assert self.gateway is not None
         sinks = self.sinks(model)
         step = model.step + 1
-
         event = "sft" if isinstance(trained.stats, SFTStats) else "train"
 
         def metrics_record(folder: Path, save_seconds: float, publish_seconds: float) -> dict:

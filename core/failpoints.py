@@ -11,8 +11,9 @@ by a file in a folder the environment names:
     echo raise > /some/folder/step.published    # or raise OSError(EIO) there
 
 A value can be poisoned the same way: `echo "nan 2" > /some/folder/update.loss` makes
-the loss that the 2nd optimizer update of this process checks (trainer/step.py,
-`finite_update`: RL mini-batches and SFT batches alike) NaN, once (`nan` alone: the 1st).
+the loss of the 2nd optimizer update of this process NaN before it is checked
+(trainer/step.py, `finite_update`: RL mini-batches and SFT batches alike; in training
+ranks before the loss is summed over them, so every rank skips), once (`nan 1`: the 1st).
 
 The first process that reaches an armed point takes its file (a rename: exactly one
 process fires it) and acts, so a server restarted after a crash, or the retry of a failed

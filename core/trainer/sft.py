@@ -38,6 +38,7 @@ import torch
 from rlcoach.chat_template import template_messages
 from rlcoach.config import SFTConfig
 from rlcoach.errors import TrainingDataError
+from rlcoach.failpoints import poison
 from rlcoach.trainer.base import SFTStats
 from rlcoach.trainer.sequences import TrainSequence, build_sequences, pack_sequences
 from rlcoach.trainer.step import finite_update
@@ -226,6 +227,7 @@ def sft_train(
                 )
                 loss.backward()
                 batch_loss += float(loss.detach())
+            batch_loss = poison("update.loss", batch_loss)  # a fault test's NaN (failpoints.py)
             norm = float(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm))
             if not finite_update(trainer.optimizer, batch_loss, norm, len(losses) + 1):
                 return _untrained(examples or 0, started, len(losses) + 1, len(losses))

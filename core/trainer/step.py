@@ -168,7 +168,6 @@ def finite_update(
     step is skipped. The one check of RL steps and SFT runs alike: a skipped step is
     never saved or published, and the backend makes a trainer that an earlier
     mini-batch had updated again from the latest checkpoint."""
-    loss = poison("update.loss", loss)  # a fault test's NaN (failpoints.py)
     if math.isfinite(loss) and math.isfinite(grad_norm):
         optimizer.step()
         return True
@@ -241,7 +240,9 @@ def grpo_step(parts: StepParts, groups: list[TrajectoryGroup], c: TrainConfig) -
                     mismatch.append(terms.mismatch)
             norm = _as_float(torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm))
             # Summed over ranks before the update, so every rank sees the same values
-            # (the norm is global under FSDP) and all of them stop here together.
+            # (the norm is global under FSDP) and all of them stop here together (a fault
+            # test's NaN, failpoints.py, is added before the sum for the same reason).
+            sums[0] = poison("update.loss", sums[0])
             part_loss, part_clipped, part_kl, part_ratio = parts.sum_over_ranks(sums)
             if not finite_update(parts.optimizer, part_loss, norm, number + 1):
                 return untrained_stats(
