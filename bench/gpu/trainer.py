@@ -16,7 +16,7 @@ Each measurement runs in its own process, so peak memory is that run's alone.
   # a grid, each config for both sides, then a table of ratios (ours / TRL)
   python bench/gpu/trainer.py grid --model /tmp/m4b --configs 4x512+3584 1x1024+15360:ckpt
   (flags after ':' apply to our side: ckpt, nockpt, row<tokens>, chunk<tokens>,
-   profile, nocompile, nofuse, fusedlogprob, noshare; notrl skips the peer; with
+   profile, nocompile, nofuse, nofusedlogprob, noshare; notrl skips the peer; with
    --trl-same-flags TRL gets ckpt/nockpt too; `grid --shared-prompt` gives both sides
    one prompt per group)
   # no GPU: a tiny check of the plumbing on the CPU (any small model folder)
@@ -309,8 +309,8 @@ def _spawn(
             command.append(f"--{flag}")
         elif flag in ("nocompile", "nofuse"):
             command.append(f"--no-{flag[2:]}")
-        elif flag == "fusedlogprob":
-            command.append("--fused-logprob")
+        elif flag == "nofusedlogprob":
+            command.append("--no-fused-logprob")
         elif flag == "noshare":
             command.append("--no-share-prefix")
         elif flag.startswith("chunk"):
@@ -397,7 +397,12 @@ def main() -> None:
         default=True,
         help="our TrainConfig.fused_lora",
     )
-    p.add_argument("--fused-logprob", action="store_true", help="our TrainConfig.fused_logprob")
+    p.add_argument(
+        "--fused-logprob",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="our TrainConfig.fused_logprob",
+    )
     p.add_argument(
         "--shared-prompt", action="store_true", help="one prompt for the batch (a GRPO group)"
     )

@@ -21,7 +21,7 @@ output). The trainer applies these on a GPU only, each behind its own `TrainConf
   step and would otherwise recompile the layer every step. Row lengths change too, so the
   layers are compiled with a dynamic length from the start. The same field compiles the
   vocabulary projection of lora.py.
-- `TargetLogprob` (`fused_logprob`, off: checked on the CPU, not yet measured on a GPU):
+- `TargetLogprob` (`fused_logprob`, on; checked on the CPU, measured on an H100):
   the log-prob of each target token under the frozen output layer, with its gradient
   computed in the forward pass. A log-prob is one number per token, so its gradient with
   respect to the hidden state is a fixed vector, `W[target] - softmax(logits) @ W`, that

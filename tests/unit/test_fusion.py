@@ -112,14 +112,10 @@ def test_target_logprob_gives_the_projections_values_and_gradient():
         torch.testing.assert_close(TargetLogprob.apply(h_CH, head.weight, t_C), want.detach())
 
 
-@pytest.mark.parametrize("field", ["compile_layers", "fused_lora"])
+@pytest.mark.parametrize("field", ["compile_layers", "fused_lora", "fused_logprob"])
 def test_gpu_speed_ups_are_on_by_default_and_can_be_turned_off(field):
     assert getattr(TrainConfig(), field) is True
     assert getattr(TrainConfig(**{field: False}), field) is False
-
-
-def test_the_unmeasured_fused_logprob_is_off_by_default():
-    assert TrainConfig().fused_logprob is False
 
 
 def test_the_cpu_trainer_leaves_the_model_eager(model_path):
