@@ -26,11 +26,11 @@ from typing import Any
 __all__ = [
     "FORCED_FLOOR",
     "TOOL_CHOICES",
+    "as_asked",
     "forced_positions",
     "normalize_tool_choice",
     "sampling_constraint",
     "tool_choice_problem",
-    "trim_top_logprobs",
 ]
 
 FORCED_FLOOR = -9999.0
@@ -111,13 +111,22 @@ def forced_positions(choice: dict[str, Any]) -> list[int]:
     return forced
 
 
-def trim_top_logprobs(response: dict[str, Any], keep: int) -> dict[str, Any]:
-    """A copy of `response` with at most `keep` `top_logprobs` per position (what the
-    client asked for, when the endpoint asked the engine for more)."""
+def as_asked(response: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `response` (a completion or a stream chunk) as the client's `body` asked
+    for it. The policy endpoint always asks the engine for per-token log-probs (training
+    needs them) and, under a grammar, for two `top_logprobs`; the client gets log-probs
+    only when it asked (`logprobs`), with at most the `top_logprobs` it asked for. Not
+    sending the rest also spares the client parsing it: an OpenAI client builds thousands
+    of objects for a 512-token answer's log-probs. Token ids stay (plain integer lists,
+    and what keeps a client-built trajectory's tokens exact)."""
+    asked = bool(body.get("logprobs"))
+    keep = int(body.get("top_logprobs") or 0)
     choices = []
     for choice in response.get("choices") or []:
         logprobs = choice.get("logprobs")
-        if logprobs and logprobs.get("content"):
+        if logprobs is not None and not asked:
+            choice = {**choice, "logprobs": None}
+        elif logprobs and logprobs.get("content"):
             content = [
                 {**entry, "top_logprobs": (entry.get("top_logprobs") or [])[:keep]}
                 for entry in logprobs["content"]

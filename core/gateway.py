@@ -43,10 +43,10 @@ from starlette.routing import Route
 
 from rlcoach import fastjson
 from rlcoach.constraint import (
+    as_asked,
     normalize_tool_choice,
     sampling_constraint,
     tool_choice_problem,
-    trim_top_logprobs,
 )
 from rlcoach.engines.base import Engine, EngineHTTPError
 from rlcoach.errors import ConfigError, EngineError, EngineStartError, UnknownModelError
@@ -240,34 +240,38 @@ class Gateway:
             if not streaming:
                 await self._gate.leave()
                 await self.router.release(engine_name)
-        response = trim_top_logprobs(response, int(body.get("top_logprobs") or 0))
-        return JSONResponse(response)
+        return JSONResponse(as_asked(response, body))
 
     async def _pass_through(self, call: _Call, upstream: dict[str, Any], clock: float) -> Response:
-        """An unconstrained answer passes through as the engine's bytes: parsed only when
-        its `model` is not where expected; recorded unparsed (see Recorder)."""
+        """An unconstrained answer passes through as the engine's bytes when the client
+        asked for log-probs (parsed only when its `model` is not where expected), else
+        without them; it is recorded unparsed, log-probs and all (see Recorder)."""
         try:
             raw = await self._chat_bytes(upstream)
         except EngineHTTPError as e:
             return JSONResponse(e.body, status_code=e.status)
         except EngineError as e:
             return _unavailable(e)
-        renamed = _renamed(raw, call.engine_name, call.served)
-        if renamed is None:
-            try:
-                response = fastjson.loads(raw)
-            except ValueError:
-                response = None
-            if not isinstance(response, dict):
-                return _unavailable(
-                    EngineError(f"the engine answered a chat completion with {raw[:200]!r}")
-                )
-            response["model"] = call.served
-            renamed = fastjson.dumps(response)
+        # As it came when the client asked for log-probs (then all it gets is what it asked
+        # for); else parsed, to leave them out (see `as_asked`).
+        answer = _renamed(raw, call.engine_name, call.served) if call.body.get("logprobs") else None
+        if answer is None:
+            with fastjson.gc_paused():
+                try:
+                    response = fastjson.loads(raw)
+                except ValueError:
+                    response = None
+                if not isinstance(response, dict):
+                    return _unavailable(
+                        EngineError(f"the engine answered a chat completion with {raw[:200]!r}")
+                    )
+                response["model"] = call.served
+                answer = fastjson.dumps(as_asked(response, call.body))
         if call.rollout_id:
             timing = {"started_at": call.received, "latency_s": time.perf_counter() - clock}
-            self.recorder.add_raw(call.rollout_id, call.body, renamed, {TIMING_KEY: timing})
-        return Response(renamed, media_type="application/json")
+            extra = {TIMING_KEY: timing, "model": call.served}
+            self.recorder.add_raw(call.rollout_id, call.body, raw, extra)
+        return Response(answer, media_type="application/json")
 
     async def _chat_bytes(self, upstream: dict[str, Any]) -> bytes:
         """The engine's answer as JSON bytes (`chat_bytes` where the engine has it: vLLM's
@@ -336,14 +340,11 @@ class Gateway:
     ) -> AsyncIterator[bytes]:
         """Relay the engine's events as they come; record the completion at the end."""
         assembler = CompletionAssembler()
-        keep = int(call.body.get("top_logprobs") or 0)
         try:
             async for chunk in self.engine.chat_stream(upstream):
                 assembler.add(chunk)
                 chunk["model"] = call.served
-                if call.constraint is not None:
-                    chunk = trim_top_logprobs(chunk, keep)
-                yield sse_event(chunk)
+                yield sse_event(as_asked(chunk, call.body))
             if assembler.finished:
                 completion = assembler.completion()
                 completion["model"] = call.served

@@ -137,6 +137,7 @@ async def test_json_schema_output_records_the_models_own_logprobs(policy):
                 messages=[{"role": "user", "content": f"Classify: {review}"}],
                 max_tokens=48,
                 response_format=schema,
+                logprobs=True,
             )
         [choice] = scope.trajectory.choices
         engine_said = [e.logprob for e in reply.choices[0].logprobs.content]

@@ -11,10 +11,15 @@ pytestmark = pytest.mark.vllm
 HELLO = [{"role": "user", "content": "Say hello."}]
 
 
-async def test_completions_carry_token_ids_and_logprobs(policy):
+async def test_completions_carry_token_ids_and_logprobs_when_asked(policy):
     client = policy.openai_client()
-    reply = await client.chat.completions.create(
+    plain = await client.chat.completions.create(
         model=policy.served_name, messages=HELLO, max_tokens=8, temperature=1.0
+    )
+    assert plain.choices[0].logprobs is None  # not asked: not sent (OpenAI's contract)
+    assert plain.choices[0].model_extra["token_ids"]
+    reply = await client.chat.completions.create(
+        model=policy.served_name, messages=HELLO, max_tokens=8, temperature=1.0, logprobs=True
     )
     assert reply.model == "calc@0"
     data = reply.model_dump()

@@ -21,7 +21,7 @@ PROMPT = [{"role": "user", "content": "Name three colours."}]
 
 async def _greedy_logprobs(client, model_name):
     reply = await client.chat.completions.create(
-        model=model_name, messages=PROMPT, max_tokens=12, temperature=0.0
+        model=model_name, messages=PROMPT, max_tokens=12, temperature=0.0, logprobs=True
     )
     return reply.model, [e.logprob for e in reply.choices[0].logprobs.content]
 
@@ -83,6 +83,7 @@ async def test_vllm_logprobs_agree_with_transformers(vllm_backend, model_path, p
         max_tokens=32,
         temperature=1.0,
         seed=3,
+        logprobs=True,
     )
     data = reply.model_dump()
     prompt, sampled = data["prompt_token_ids"], data["choices"][0]["token_ids"]

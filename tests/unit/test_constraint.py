@@ -5,11 +5,11 @@ import json
 import pytest
 
 from rlcoach.constraint import (
+    as_asked,
     forced_positions,
     normalize_tool_choice,
     sampling_constraint,
     tool_choice_problem,
-    trim_top_logprobs,
 )
 from rlcoach.stream import CompletionAssembler, completion_events
 
@@ -73,9 +73,10 @@ def test_forced_positions_are_those_whose_runner_up_was_masked():
         }
     }
     assert forced_positions(choice) == [0, 3]
-    trimmed = trim_top_logprobs({"choices": [choice]}, 0)
+    trimmed = as_asked({"choices": [choice]}, {"logprobs": True})
     assert all(e["top_logprobs"] == [] for e in trimmed["choices"][0]["logprobs"]["content"])
     assert len(choice["logprobs"]["content"][0]["top_logprobs"]) == 2  # the original is kept
+    assert as_asked({"choices": [choice]}, {})["choices"][0]["logprobs"] is None
 
 
 def test_streamed_chunks_add_up_to_the_completion():

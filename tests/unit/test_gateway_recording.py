@@ -21,6 +21,7 @@ import pytest
 
 from rlcoach.gateway import ROLLOUT_HEADER, Gateway
 from rlcoach.router import Router
+from rlcoach.stream import completion_events
 from rlcoach.types import choice_from_response_json
 
 CAPTURED = json.loads((Path(__file__).with_name("gateway_vllm.json")).read_text())
@@ -40,6 +41,12 @@ class ReplayEngine:
         self.bodies.append(body)
         kind = "required" if body.get("tool_choice") else "json_schema"
         return copy.deepcopy(CAPTURED[kind]["response"])
+
+    async def chat_stream(self, body: dict):
+        self.bodies.append(body)
+        for event in completion_events(copy.deepcopy(CAPTURED["json_schema"]["response"]), False):
+            if event.startswith(b"data: {"):
+                yield json.loads(event[len(b"data: ") :])
 
     async def token_logprobs(self, model: str, token_ids: list[int], start: int) -> list[float]:
         for captured in CAPTURED.values():
@@ -85,6 +92,7 @@ async def test_a_constrained_completion_is_recorded_with_the_models_own_logprobs
         model=ReplayEngine.base_name,
         messages=[{"role": "user", "content": "What is 2 + 3?"}],
         extra_headers={ROLLOUT_HEADER: "r1"},
+        logprobs=True,
         **extra,
     )
     captured = CAPTURED[kind]
@@ -144,3 +152,41 @@ async def test_a_sampled_tool_call_goes_back_to_the_engine_as_it_was_sampled(gat
     assert request["messages"][1]["tool_calls"][0]["function"]["arguments"] == (
         call.function.arguments
     )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_client_gets_logprobs_only_when_it_asks_and_the_rollout_always(gateway, stream):
+    """The endpoint asks the engine for log-probs on every call (training needs them); a
+    client that did not ask gets none (OpenAI's contract, and no parsing of hundreds of
+    log-prob objects), but the recorded completion keeps them, and the token ids stay."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="x", max_retries=0)
+    question = [{"role": "user", "content": "Describe your mood."}]
+    vllm_choice = CAPTURED["json_schema"]["response"]["choices"][0]
+    for asked in (False, True):
+        rollout = f"plain-{stream}-{asked}"
+        extra = {"logprobs": True} if asked else {}
+        reply = await client.chat.completions.create(
+            model=ReplayEngine.base_name,
+            messages=question,
+            extra_headers={ROLLOUT_HEADER: rollout},
+            stream=stream,
+            **extra,
+        )
+        if stream:
+            chunks = [chunk async for chunk in reply]
+            got = [c.choices[0].logprobs for c in chunks if c.choices]
+            received = [e.logprob for lp in got if lp for e in lp.content or []]
+            assert all(lp is None for lp in got) != asked
+        else:
+            logprobs = reply.choices[0].logprobs
+            assert (logprobs is None) != asked
+            received = [e.logprob for e in logprobs.content] if logprobs else []
+            assert reply.choices[0].model_extra["token_ids"] == vllm_choice["token_ids"]
+        engine_said = [e["logprob"] for e in vllm_choice["logprobs"]["content"]]
+        assert received == (engine_said if asked else [])
+        [(_, response)] = gateway.recorder.take(rollout)
+        recorded = choice_from_response_json(response["choices"][0], response)
+        assert recorded.logprobs == engine_said and recorded.token_ids == vllm_choice["token_ids"]
+        assert response["model"] == ReplayEngine.base_name
