@@ -6,9 +6,10 @@ On-policy, the trainer's log-prob of each sampled token must equal the one the e
 reported, so exp(new - old) is 1 up to numerics. This script starts the real vLLM engine
 behind the policy endpoint and samples through every capture path:
 
-- a LangGraph app of the shape users write: a router node with `with_structured_output`
-  (JSON schema), a `create_react_agent` sub-graph over two SQLite tools, a summariser
-  sub-agent whose prompt does not extend the main conversation, and a streamed reply;
+- a LangGraph app of the shape users write (bench/shop_app.py): a router node with
+  `with_structured_output` (JSON schema), a `create_react_agent` sub-graph over two
+  SQLite tools, a summariser sub-agent whose prompt does not extend the main
+  conversation, and a streamed reply;
 - the plain OpenAI client (chat, tools offered, a forced tool choice, JSON schema, regex,
   streamed).
 
@@ -23,106 +24,18 @@ import argparse
 import asyncio
 import json
 import math
-import sqlite3
 import tempfile
-import warnings
 from collections import defaultdict
 from pathlib import Path
-from typing import Literal
 
 import torch
-from langchain_core.messages import HumanMessage, SystemMessage
-from langchain_core.tools import tool
-from langgraph.graph import END, START, MessagesState, StateGraph
-from pydantic import BaseModel
+from shop_app import PRODUCTS, Route, build_app, shop_tools  # bench/shop_app.py
 
 from rlcoach import LocalBackend, TrainableModel, TrajectoryGroup, load_groups, save_groups
 from rlcoach.integrations.langgraph import chat_model, rollout_fn
 from rlcoach.trainer.sequences import TrainSequence, pack_sequences
 
-PRODUCTS = [("kettle", 24.5, 13), ("lamp", 18.9, 41), ("toaster", 31.2, 0)]
 REGEX = "(yes|no), [a-z ]{3,20}"
-
-
-def shop(path: Path) -> list:
-    with sqlite3.connect(path) as db:
-        db.execute("CREATE TABLE IF NOT EXISTS products (name TEXT, price REAL, stock INTEGER)")
-        db.execute("DELETE FROM products")
-        db.executemany("INSERT INTO products VALUES (?, ?, ?)", PRODUCTS)
-
-    def row(name: str) -> tuple:
-        with sqlite3.connect(path) as db:
-            found = db.execute(
-                "SELECT price, stock FROM products WHERE name = ?", (name.lower(),)
-            ).fetchone()
-        if found is None:
-            raise ValueError(f"no product named {name!r}")
-        return found
-
-    @tool
-    def lookup_price(product: str) -> str:
-        """The price of a product in euros."""
-        return f"{row(product)[0]:.2f} EUR"
-
-    @tool
-    def check_stock(product: str) -> str:
-        """How many units of a product are in stock."""
-        return f"{row(product)[1]} units"
-
-    return [lookup_price, check_stock]
-
-
-class Route(BaseModel):
-    destination: Literal["shop", "chat"]
-
-
-class State(MessagesState):
-    route: str
-    summary: str
-
-
-def build_app(llm, tools):
-    """The user's app: router (structured output) -> ReAct agent or chat -> summariser."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from langgraph.prebuilt import create_react_agent
-
-    router_llm = llm.with_structured_output(Route)
-    agent = create_react_agent(
-        llm, tools, prompt="You are the shop assistant. Use the tools to answer."
-    )
-
-    async def route(state: State):
-        question = state["messages"][-1]
-        decision = await router_llm.ainvoke(
-            [SystemMessage("Route shop questions to 'shop', anything else to 'chat'."), question]
-        )
-        return {"route": decision.destination}
-
-    async def chat(state: State):
-        text = ""
-        async for chunk in llm.astream(
-            [SystemMessage("You are a friendly assistant."), *state["messages"]]
-        ):
-            text += chunk.content
-        return {"messages": [("assistant", text)]}
-
-    async def summarise(state: State):
-        transcript = "\n".join(f"{m.type}: {m.content}" for m in state["messages"])
-        reply = await llm.ainvoke([HumanMessage(f"Summarise in one line:\n{transcript}")])
-        return {"summary": reply.content}
-
-    builder = StateGraph(State)
-    builder.add_node("route", route)
-    builder.add_node("shop", agent)
-    builder.add_node("chat", chat)
-    builder.add_node("summarise", summarise)
-    builder.add_edge(START, "route")
-    builder.add_conditional_edges("route", lambda s: s["route"], ["shop", "chat"])
-    builder.add_edge("shop", "summarise")
-    builder.add_edge("chat", "summarise")
-    builder.add_edge("summarise", END)
-    return builder.compile()
 
 
 def kind_of(history, choice) -> str:
@@ -175,7 +88,10 @@ async def openai_paths(policy, runs: int) -> list:
             async with policy.rollout(kind=name) as scope:
                 messages = [
                     {"role": "system", "content": "Answer briefly.", "name": name},
-                    {"role": "user", "content": f"Is a {PRODUCTS[index % 3][0]} expensive?"},
+                    {
+                        "role": "user",
+                        "content": f"Is a {PRODUCTS[index % len(PRODUCTS)][0]} expensive?",
+                    },
                 ]
                 try:
                     await client.chat.completions.create(
@@ -259,7 +175,8 @@ async def main(args: argparse.Namespace) -> None:
     async with LocalBackend(root, engine={"kind": "vllm"}) as backend:
         policy = TrainableModel("ratio", "bench", config={"learning_rate": 1e-4})
         await policy.register(backend)
-        app = build_app(chat_model(policy, max_tokens=args.max_tokens), shop(root / "shop.db"))
+        llm = chat_model(policy, max_tokens=args.max_tokens)
+        app = build_app(llm, shop_tools(root / "shop.db"), force_tool=False, chat_node=True)
 
         @rollout_fn(policy)
         async def attempt(scope, question: str):

@@ -215,7 +215,10 @@ def print_profile(raw: Path, top: int = 18) -> None:
     for frame, count in sorted(own.items(), key=lambda x: -x[1])[:top]:
         print(f"  {100 * count / samples:5.1f}%  {frame[:140]}")
     print("total (selected):")
-    keys = ("gateway.py", "router.py", "vllm.py", "recording", "json", "httpx", "httpcore")
+    keys = (
+        *("gateway.py", "recorder.py", "rescore.py", "router.py", "vllm.py", "recording"),
+        *("json", "httpx", "httpcore"),
+    )
     chosen = [(f, c) for f, c in total.items() if any(k in f for k in keys)]
     for frame, count in sorted(chosen, key=lambda x: -x[1])[:top]:
         print(f"  {100 * count / samples:5.1f}%  {frame[:140]}")

@@ -49,6 +49,7 @@ import time
 from pathlib import Path
 
 from served import ServeProcess  # bench/served.py
+from tiny_model import save_tiny_model  # bench/tiny_model.py
 
 from rlcoach.failpoints import FOLDER_VARIABLE, POINTS, arm
 from rlcoach.heap import LOG_VARIABLE
@@ -56,32 +57,6 @@ from rlcoach.heap import LOG_VARIABLE
 KEY = "soak-" + os.urandom(8).hex()
 START = "<!-- soak:start (written by bench/soak_serve.py --doc) -->"
 END = "<!-- soak:end -->"
-
-
-def build_tiny_model(folder: Path) -> Path:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
-
-    from rlcoach.bundled import bundled_model_path
-
-    tokenizer = AutoTokenizer.from_pretrained(bundled_model_path())
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 def rss_mib(pid: int) -> float:
@@ -126,9 +101,10 @@ async def rollout_group(model, size: int, rng: random.Random, counters: dict) ->
 
 async def soak(args: argparse.Namespace) -> dict:
     from rlcoach import RemoteBackend, TrainableModel
+    from rlcoach.bundled import bundled_model_path
 
     work = Path(tempfile.mkdtemp(prefix="rlcoach-soak-"))
-    model_dir = build_tiny_model(work / "tiny-model")
+    model_dir = save_tiny_model(work / "tiny-model", bundled_model_path())
     failpoints = work / "failpoints"
     heap_log = work / "heap.jsonl"
     serve = ServeProcess(

@@ -10,7 +10,8 @@ becomes the trajectory's messages (its tools included) and the other conversatio
 (sub-agents, summarisers) its additional histories, so SFT can imitate all of them.
 
 A streamed answer is read whole before the caller sees it (the recorder needs the
-complete message); the caller still iterates over the same chunks.
+complete message, folded by stream.py's `CompletionAssembler`, as the gateway folds the
+policy's streams); the caller still iterates over the same chunks.
 """
 
 from __future__ import annotations
@@ -24,58 +25,14 @@ import httpx
 from rlcoach.gateway import ROLLOUT_HEADER
 from rlcoach.recording import message_key
 from rlcoach.rollout import Rollout, current_rollout_id
+from rlcoach.stream import streamed_completion
 from rlcoach.types import History, Message, Scalar
 
-__all__ = ["CapturedRollout", "ClientRecorder", "merge_stream"]
+__all__ = ["CapturedRollout", "ClientRecorder"]
 
 logger = logging.getLogger(__name__)
 
 _EXTENSION = "rlcoach_capture"
-
-
-def merge_stream(text: str) -> dict[str, Any]:
-    """A chat completion assembled from its server-sent-event chunks."""
-    merged: dict[str, Any] = {"choices": []}
-    for line in text.splitlines():
-        if not line.startswith("data:"):
-            continue
-        data = line[len("data:") :].strip()
-        if not data or data == "[DONE]":
-            continue
-        chunk = json.loads(data)
-        for key in ("id", "model", "created", "usage"):
-            if chunk.get(key) is not None:
-                merged[key] = chunk[key]
-        for part in chunk.get("choices") or []:
-            index = part.get("index", 0)
-            while len(merged["choices"]) <= index:
-                merged["choices"].append(
-                    {
-                        "index": len(merged["choices"]),
-                        "message": {"role": "assistant", "content": None},
-                        "finish_reason": None,
-                    }
-                )
-            choice = merged["choices"][index]
-            delta = part.get("delta") or {}
-            message = choice["message"]
-            if delta.get("content"):
-                message["content"] = (message["content"] or "") + delta["content"]
-            for call in delta.get("tool_calls") or []:
-                calls = message.setdefault("tool_calls", [])
-                position = call.get("index", len(calls))
-                while len(calls) <= position:
-                    calls.append(
-                        {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
-                    )
-                target = calls[position]
-                target["id"] = call.get("id") or target["id"]
-                function = call.get("function") or {}
-                target["function"]["name"] += function.get("name") or ""
-                target["function"]["arguments"] += function.get("arguments") or ""
-            if part.get("finish_reason"):
-                choice["finish_reason"] = part["finish_reason"]
-    return merged
 
 
 class ClientRecorder:
@@ -106,7 +63,7 @@ class ClientRecorder:
         try:
             request = json.loads(response.request.content or b"{}")
             if "text/event-stream" in response.headers.get("content-type", ""):
-                body = merge_stream(response.text)
+                body = streamed_completion(response.text)
             else:
                 body = response.json()
         except (ValueError, UnicodeDecodeError) as e:

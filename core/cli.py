@@ -109,7 +109,8 @@ def serve(
     from pydantic import ValidationError
 
     from rlcoach.errors import RLCoachError
-    from rlcoach.server import ServeConfig, serve
+    from rlcoach.serve_config import ServeConfig
+    from rlcoach.server import serve
 
     try:
         extra = {"base_model": base_model} if base_model else {}

@@ -3,16 +3,17 @@
 User code (an OpenAI client, a LangGraph app, an MCP agent) talks to this gateway as to
 any OpenAI server. On every chat completion the gateway forces per-token logprobs and
 sampled token ids, routes `name@step` to the right adapter (see `router.py`), and records
-the exchange under the rollout id that the client sent in the `X-RLCoach-Rollout` header
-(`model.openai_client()` sets it from the current rollout scope), so user code needs no
-bookkeeping. Bad requests get OpenAI-shaped 4xx errors that name the bad value and the
-fix. What is recorded is what the trainer can trust:
+the exchange (recorder.py) under the rollout id that the client sent in the
+`X-RLCoach-Rollout` header (`model.openai_client()` sets it from the current rollout
+scope), so user code needs no bookkeeping. Bad requests get OpenAI-shaped 4xx errors that
+name the bad value and the fix. What is recorded is what the trainer can trust:
 
 - Streaming is token by token: each engine event is relayed as it comes, and the
   completion the events add up to is recorded when the stream ends (stream.py).
 - A completion sampled under a grammar (JSON schema, regex, a forced tool choice) is
   recorded with the model's own log-probs, re-scored without the grammar, and with the
-  positions the grammar forced (constraint.py); the client gets the engine's answer.
+  positions the grammar forced (constraint.py, rescore.py); the client gets the engine's
+  answer.
 - A tool-calling reply the policy sampled earlier in the same rollout, returned by the
   client as parsed tool calls, is sent to the engine as the exact text it sampled: the
   chat template would re-serialise the calls its own way (spacing, key order, escapes,
@@ -27,13 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import json
 import logging
 import socket
 import threading
 import time
-from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any, TypeVar
 
@@ -45,14 +44,15 @@ from starlette.routing import Route
 from rlcoach import fastjson
 from rlcoach.constraint import (
     as_asked,
-    forced_positions,
     normalize_tool_choice,
     sampling_constraint,
     tool_choice_problem,
 )
 from rlcoach.engines.base import Engine, EngineHTTPError
 from rlcoach.errors import ConfigError, EngineError, EngineStartError, UnknownModelError
+from rlcoach.recorder import Recorder
 from rlcoach.recording import message_key
+from rlcoach.rescore import RescoreGate, rescored_choices
 from rlcoach.router import Router
 from rlcoach.stream import DONE, CompletionAssembler, sse_event
 from rlcoach.types import CHOICE_KEY, TIMING_KEY
@@ -64,9 +64,6 @@ logger = logging.getLogger(__name__)
 ROLLOUT_HEADER = "x-rlcoach-rollout"
 
 T = TypeVar("T")
-
-Exchange = tuple[dict[str, Any], dict[str, Any]]
-"""One recorded call: the client's request body and the response it got."""
 
 
 def error_response(
@@ -80,112 +77,6 @@ def error_response(
     """An error body shaped like OpenAI's, so every OpenAI client raises the right class."""
     body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return JSONResponse(body, status_code=status)
-
-
-class Recorder:
-    """Exchanges (request, response) per rollout id, in arrival order. Thread-safe.
-
-    A response may be kept as the engine's raw JSON (`add_raw`), parsed only when the
-    rollout takes its exchanges (with the garbage collector paused, `fastjson.gc_paused`):
-    parsing a 512-token answer with logprobs makes thousands of Python objects, and doing
-    it on the way out made the answer wait for it and the collector walk every parsed
-    answer still held (most of the endpoint's time, bench/gateway_overhead.py).
-
-    Bounded: a rollout nobody takes (cancelled, timed out, its late replies still
-    arriving) would otherwise be kept forever. A rollout untouched for `ttl_s` expires,
-    the least recently touched one goes when `max_rollouts` are held, and a rollout keeps
-    at most `max_exchanges` calls; everything dropped is counted (`counters()`, served in
-    `rlcoach serve`'s /metrics).
-    """
-
-    def __init__(
-        self, max_rollouts: int = 10_000, max_exchanges: int = 4096, ttl_s: float = 3600.0
-    ) -> None:
-        self.max_rollouts = max_rollouts
-        self.max_exchanges = max_exchanges
-        self.ttl_s = ttl_s
-        self._lock = threading.Lock()
-        # Ordered by last touch, so the expired and the least recent are at the front.
-        # A response is a dict, or (raw JSON, keys to add) from `add_raw`.
-        self._exchanges: OrderedDict[str, tuple[float, list[tuple[dict[str, Any], Any]]]] = (
-            OrderedDict()
-        )
-        self._dropped: Counter[str] = Counter()
-
-    def add(self, rollout_id: str, request: dict[str, Any], response: dict[str, Any]) -> None:
-        self._keep(rollout_id, request, response)
-
-    def add_raw(
-        self, rollout_id: str, request: dict[str, Any], raw: bytes, extra: dict[str, Any]
-    ) -> None:
-        """Keep a response as its JSON bytes, with `extra` keys added when parsed."""
-        self._keep(rollout_id, request, (raw, extra))
-
-    def _keep(self, rollout_id: str, request: dict[str, Any], response: Any) -> None:
-        now = time.monotonic()
-        with self._lock:
-            self._expire(now)
-            _, exchanges = self._exchanges.pop(rollout_id, (now, []))
-            while len(self._exchanges) >= self.max_rollouts:
-                _, (_, evicted) = self._exchanges.popitem(last=False)
-                self._dropped["rollouts_evicted"] += 1
-                self._dropped["exchanges"] += len(evicted)
-            if len(exchanges) >= self.max_exchanges:
-                self._dropped["exchanges_over_limit"] += 1
-            else:
-                exchanges.append((request, response))
-            self._exchanges[rollout_id] = (now, exchanges)
-
-    def take(self, rollout_id: str) -> list[Exchange]:
-        with self._lock:
-            self._expire(time.monotonic())
-            kept = self._exchanges.pop(rollout_id, (0.0, []))[1]
-        with fastjson.gc_paused():
-            return [(request, _parsed(response)) for request, response in kept]
-
-    def _expire(self, now: float) -> None:
-        while self._exchanges:
-            touched, exchanges = next(iter(self._exchanges.values()))
-            if now - touched < self.ttl_s:
-                return
-            self._exchanges.popitem(last=False)
-            self._dropped["rollouts_expired"] += 1
-            self._dropped["exchanges"] += len(exchanges)
-
-    def counters(self) -> dict[str, int]:
-        """Rollouts held now and what was dropped so far (for /metrics)."""
-        with self._lock:
-            self._expire(time.monotonic())
-            return {
-                "recorder_rollouts": len(self._exchanges),
-                "recorder_rollouts_expired": self._dropped["rollouts_expired"],
-                "recorder_rollouts_evicted": self._dropped["rollouts_evicted"],
-                "recorder_exchanges_dropped": self._dropped["exchanges"]
-                + self._dropped["exchanges_over_limit"],
-            }
-
-    def replies(self, rollout_id: str) -> dict[str, dict[str, Any]]:
-        """The recorded choices of a rollout that called tools, by their message's key."""
-        with self._lock:
-            exchanges = self._exchanges.get(rollout_id, (0.0, []))[1]
-            for index, (request, response) in enumerate(exchanges):
-                if isinstance(response, tuple):  # parsed once, kept parsed (and annotated)
-                    exchanges[index] = (request, _parsed(response))
-            exchanges = list(exchanges)
-        found = {}
-        for _, response in exchanges:
-            for choice in response.get("choices") or []:
-                message = choice.get("message") or {}
-                if message.get("tool_calls"):
-                    found[message_key({"role": "assistant", **message})] = choice
-        return found
-
-
-def _parsed(response: Any) -> dict[str, Any]:
-    if isinstance(response, tuple):
-        raw, extra = response
-        return {**fastjson.loads(raw), **extra}
-    return response
 
 
 def _renamed(raw: bytes, engine_name: str, served: str) -> bytes | None:
@@ -279,7 +170,7 @@ class Gateway:
         self.engine = engine
         self.router = router
         self.recorder = recorder or Recorder()
-        self._gate = _Gate(enabled=bool(getattr(engine, "rescore_alone", False)))
+        self._gate = RescoreGate(enabled=bool(getattr(engine, "rescore_alone", False)))
         self.call_timeout_s = call_timeout_s
         """Default limit of `call` (an engine start passes its own)."""
         self.host = host
@@ -472,38 +363,10 @@ class Gateway:
         timing = {"started_at": call.received, "latency_s": latency_s}
         recorded = {**response, TIMING_KEY: timing}
         if call.constraint is not None:
-            prompt = list(response.get("prompt_token_ids") or [])
-            await self._gate.leave()  # the chat itself is done; the re-scoring may wait
-            try:
-                async with self._gate.alone():
-                    recorded["choices"] = [
-                        await self._rescored(call, prompt, choice) for choice in response["choices"]
-                    ]
-            finally:
-                await self._gate.enter()
-        self.recorder.add(call.rollout_id, call.body, recorded)
-
-    async def _rescored(
-        self, call: _Call, prompt: list[int], choice: dict[str, Any]
-    ) -> dict[str, Any]:
-        """A constrained choice with the model's own log-probs and its forced positions."""
-        content = (choice.get("logprobs") or {}).get("content") or []
-        forced = forced_positions(choice)
-        try:
-            free = await self.engine.token_logprobs(
-                call.engine_name, [*prompt, *choice["token_ids"]], len(prompt)
+            recorded["choices"] = await rescored_choices(
+                self.engine, self._gate, call.engine_name, call.constraint, response
             )
-        except (EngineError, EngineHTTPError) as e:
-            # Unknown free log-probs: keep the tokens, train none of them.
-            logger.warning("could not re-score a constrained completion (%s); not trained", e)
-            free = [entry["logprob"] for entry in content]
-            forced = list(range(len(content)))
-        entries = [
-            {"token": entry.get("token"), "logprob": logprob}
-            for entry, logprob in zip(content, free, strict=True)
-        ]
-        extra = {"forced": forced, "constraint": call.constraint}
-        return {**choice, "logprobs": {"content": entries}, CHOICE_KEY: extra}
+        self.recorder.add(call.rollout_id, call.body, recorded)
 
     async def _models(self, request: Request) -> Response:
         now = int(time.time())
@@ -605,55 +468,6 @@ def _event_loop() -> asyncio.AbstractEventLoop:
     except ImportError:
         return asyncio.new_event_loop()
     return uvloop.new_event_loop()
-
-
-class _Gate:
-    """Counts the chats in flight on the engine and lets a re-scoring run with none of
-    them, where the engine needs that (`rescore_alone`, vLLM on a CPU); a no-op
-    elsewhere. New chats wait while a re-scoring waits or runs."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self._active = 0
-        self._alone = False
-        self._changed: asyncio.Condition | None = None  # made in the gateway's own loop
-
-    def _condition(self) -> asyncio.Condition:
-        if self._changed is None:
-            self._changed = asyncio.Condition()
-        return self._changed
-
-    async def enter(self) -> None:
-        if self.enabled:
-            changed = self._condition()
-            async with changed:
-                await changed.wait_for(lambda: not self._alone)
-                self._active += 1
-
-    async def leave(self) -> None:
-        if self.enabled:
-            changed = self._condition()
-            async with changed:
-                self._active -= 1
-                changed.notify_all()
-
-    @contextlib.asynccontextmanager
-    async def alone(self) -> AsyncIterator[None]:
-        if not self.enabled:
-            yield
-            return
-        changed = self._condition()
-        async with changed:
-            await changed.wait_for(lambda: not self._alone)
-            self._alone = True
-            await changed.wait_for(lambda: self._active == 0)
-        try:
-            yield
-        finally:
-            changed = self._condition()
-            async with changed:
-                self._alone = False
-                changed.notify_all()
 
 
 class _Call:

@@ -407,4 +407,5 @@ def _step_result(wire: StepResultWire) -> StepResult:
         wire.save_seconds,
         staleness,
         dict(wire.timings),
+        dict(wire.rendering),
     )

@@ -30,20 +30,12 @@ Choices, and why:
 - Training input is checked (training_input.py: token ids in the vocabulary, calls within
   `max_model_len`, finite rewards and log-probs) before anything is written; a refusal is
   a 400 `invalid_training_data` that clients do not retry.
-- Training (RL or SFT) is idempotent per request id: the id is claimed before the first
-  await (two uploads of one id at once train once), the groups or examples are written
-  to disk before the upload is acknowledged, the step runs as a task of its own (a client
-  that hangs up does not cancel it), one step per model at a time, and the result is
-  kept on disk. A retry of an id that is running attaches to it; a retry of a finished
-  id gets the first result, found in the result file or in the checkpoint's step record
-  (which is renamed into place with the adapter, so a kill -9 between the rename and the
-  answer loses nothing). After a restart the model resumes from its latest complete
-  checkpoint. A failed step is retryable only when its error says so (an `RLCoachError`
-  marked `retryable`: the engine or the training ranks died); anything else, a bug
-  included, is final, so a deterministic failure is not retrained for the client's whole
-  retry budget. Shutdown cancels the running steps and waits for them.
-- After each finished step the retention policy (retention.py) prunes old checkpoints,
-  optimizer states, request files and engine logs; it never touches the latest step.
+- Training (RL or SFT) is idempotent per request id: claimed before the first await,
+  written to disk before it is acknowledged, run as a task of its own, one step per
+  model at a time, a retry attached or replayed, retryable only when its error says so,
+  and the retention policy applied after each step (training_requests.py).
+- Registered models are kept in their run folders and registered again at start-up, each
+  at its latest complete checkpoint (registrations.py).
 - Hostile input gets a 4xx with a message, never a 500: numbers are parsed only from
   ASCII digits of bounded length, JSON nesting is bounded, a torn metrics line is skipped.
 - The gateway stays what it is (its own thread and loop, a private port on 127.0.0.1);
@@ -65,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -74,16 +66,18 @@ from starlette.routing import Route
 
 from rlcoach.access import AccessGuard, check_exposure, is_loopback
 from rlcoach.backend import LocalBackend, StepResult
-from rlcoach.bundled import BUNDLED_MODEL
-from rlcoach.config import EngineConfig, check_name
-from rlcoach.errors import ConfigError, EngineError, RLCoachError, TrainingDataError
+from rlcoach.config import check_name
+from rlcoach.errors import ConfigError, TrainingDataError
 from rlcoach.gateway import ROLLOUT_HEADER
 from rlcoach.model import TrainableModel
-from rlcoach.paths import DEFAULT_ROOT, RunPaths, write_text_atomic
-from rlcoach.retention import RetentionConfig, apply_retention, remove_checkpoint
-from rlcoach.step_records import finished_step, list_checkpoints, step_result_wire
+from rlcoach.paths import RunPaths
+from rlcoach.refusal import Refusal
+from rlcoach.registrations import Registrations
+from rlcoach.retention import remove_checkpoint
+from rlcoach.serve_config import ServeConfig
+from rlcoach.step_records import list_checkpoints
 from rlcoach.training_input import TrainingLimits, check_examples, check_groups
-from rlcoach.validation import Config
+from rlcoach.training_requests import Step, TrainingRequests, stop_serving
 from rlcoach.wire import (
     API_PREFIX,
     API_VERSION,
@@ -92,8 +86,6 @@ from rlcoach.wire import (
     ModelRef,
     RegisterResponse,
     SFTRequest,
-    StepResultWire,
-    TrainEvent,
     TrainRequest,
     error_body,
 )
@@ -102,91 +94,8 @@ __all__ = ["PolicyServer", "ServeConfig", "serve"]
 
 logger = logging.getLogger(__name__)
 
-REGISTRATION = "registration.json"
-"""A registered model's `ModelRef`, in its run folder: registered again at start-up."""
-
-MiB = 1024 * 1024
-
 _NUMBER = re.compile(r"[0-9]{1,15}")
 """A number in a path or header: ASCII digits ("²".isdigit() is True), bounded length."""
-
-
-class ServeConfig(Config):
-    """How `rlcoach serve` listens and what it accepts."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    host: str = "127.0.0.1"
-    """Interface to bind; anything but loopback exposes the server (use a key)."""
-    port: int = Field(8000, ge=0, le=65535)
-    root: Path = DEFAULT_ROOT
-    """Where runs are written (checkpoints, trajectories, metrics)."""
-    base_model: str = BUNDLED_MODEL
-    """The one base model this server serves (bundled name or a local folder)."""
-    engine: EngineConfig = Field(default_factory=EngineConfig)
-    max_request_bytes: int = Field(64 * MiB, ge=1024)
-    """Largest training upload; bigger answers 413."""
-    max_chat_bytes: int = Field(8 * MiB, ge=1024)
-    """Largest chat request; bigger answers 413."""
-    max_concurrent_chats: int = Field(256, ge=1)
-    """Chat requests sent to the engine at once; more wait in the queue."""
-    max_queued_chats: int = Field(1024, ge=0)
-    """Chat requests allowed to wait; one more answers 429."""
-    queue_timeout_s: float = Field(300.0, gt=0.0)
-    """Longest wait for an engine slot; longer answers 429."""
-    max_pending_trains: int = Field(4, ge=1)
-    """Training requests uploading or running at once; one more answers 429."""
-    heartbeat_s: float = Field(5.0, gt=0.0)
-    """Seconds between heartbeat events while a step runs."""
-    upstream_timeout_s: float = Field(600.0, gt=0.0)
-    """Timeout of each call to the gateway (and so to the engine)."""
-    upload_timeout_s: float = Field(300.0, gt=0.0)
-    """Longest time a request body may take to arrive; longer answers 408."""
-    insecure: bool = False
-    """Allow a bind other than loopback without an API key (refused otherwise)."""
-    allowed_hosts: list[str] = Field(default_factory=list)
-    """More names the `Host` header may carry (loopback names are allowed on a loopback
-    bind; on another bind, given names turn the check on)."""
-    allowed_origins: list[str] = Field(default_factory=list)
-    """Web origins whose requests are accepted (`https://app.example`); others get 403."""
-    ssl_certfile: Path | None = None
-    """Serve HTTPS with this certificate (PEM); needs `ssl_keyfile`."""
-    ssl_keyfile: Path | None = None
-    """The certificate's private key (PEM)."""
-    retention: RetentionConfig = Field(default_factory=RetentionConfig)
-    """What is pruned after each step (checkpoints, optimizer states, requests, logs)."""
-
-    @model_validator(mode="after")
-    def _tls_pair(self) -> ServeConfig:
-        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
-            raise ValueError(
-                "ssl_certfile and ssl_keyfile go together; fix: pass both (or neither)"
-            )
-        for path in (self.ssl_certfile, self.ssl_keyfile):
-            if path is not None and not Path(path).is_file():
-                raise ValueError(f"TLS file {str(path)!r} does not exist")
-        return self
-
-
-class _Refusal(Exception):
-    """An HTTP error to answer with an OpenAI-shaped body."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        code: str | None = None,
-        param: str | None = None,
-        kind: str = "invalid_request_error",
-    ) -> None:
-        super().__init__(message)
-        self.status, self.code, self.param, self.kind = status, code, param, kind
-
-    def response(self) -> JSONResponse:
-        body = error_body(str(self), kind=self.kind, param=self.param, code=self.code)
-        headers = {"Retry-After": "5"} if self.status in (429, 503) else None
-        return JSONResponse(body, status_code=self.status, headers=headers)
 
 
 class PolicyServer:
@@ -198,16 +107,20 @@ class PolicyServer:
         self.config = config
         self.backend = backend or LocalBackend(config.root, engine=config.engine)
         self.root = self.backend.root.resolve()
-        self.models: dict[str, TrainableModel] = {}
         self.counters: Counter[str] = Counter()
+        self.registrations = Registrations(self.backend, self.root, self._run_paths)
+        self.models = self.registrations.models
+        self.trains = TrainingRequests(
+            self.backend,
+            self.root,
+            self.counters,
+            max_pending=config.max_pending_trains,
+            heartbeat_s=config.heartbeat_s,
+            retention=config.retention,
+        )
         self._slots = asyncio.Semaphore(config.max_concurrent_chats)
         self._waiting = 0
         self._active = 0
-        self._trains: dict[str, asyncio.Task[StepResultWire]] = {}
-        self._admitted: dict[str, asyncio.Future[None]] = {}
-        self._uploads = 0
-        self._model_locks: dict[str, asyncio.Lock] = {}
-        self._register_lock = asyncio.Lock()
         self._upstream: httpx.AsyncClient | None = None
         self.started = time.time()
         p = API_PREFIX
@@ -231,7 +144,7 @@ class PolicyServer:
             routes=routes,
             lifespan=self._lifespan,
             exception_handlers={
-                _Refusal: self._crash,
+                Refusal: self._crash,
                 ClientDisconnect: self._crash,
                 HTTPException: self._http_error,
                 Exception: self._crash,
@@ -257,40 +170,23 @@ class PolicyServer:
                 max_connections=self.config.max_concurrent_chats + 16, max_keepalive_connections=64
             ),
         )
-        await self._register_again()
+        await self.registrations.register_again()
         try:
             yield
         finally:
-            # Steps stop at their next await (a running optimizer step finishes in its
-            # thread, but nothing after it is written); clients retry after a restart.
-            running = list(self._trains.values())
-            for task in running:
-                task.cancel()
-            if running:
-                await asyncio.wait(running, timeout=60)
+            await self.trains.cancel_all()
             await self._upstream.aclose()
             await self.backend.close()
-
-    async def _register_again(self) -> None:
-        """Models registered before a restart are served again before the first request
-        (each at its latest committed step), so their chats do not answer 404 until a
-        client registers or trains them; a registration that no longer works is logged."""
-        for file in sorted(self.root.glob(f"*/*/{REGISTRATION}")):
-            try:
-                ref = ModelRef.model_validate_json(await asyncio.to_thread(file.read_bytes))
-                await self._model(ref)
-            except (OSError, ValueError, RLCoachError, _Refusal) as e:
-                logger.warning("model %s is not registered again after the restart: %s", file, e)
 
     # -- helpers -------------------------------------------------------------------------
 
     async def _read(self, request: Request, limit: int) -> bytes:
         length = request.headers.get("content-length")
         if length is not None and not _NUMBER.fullmatch(length):
-            raise _Refusal(400, f"Content-Length {length[:40]!r} is not a byte count")
+            raise Refusal(400, f"Content-Length {length[:40]!r} is not a byte count")
         if length is not None and int(length) > limit:
             self.counters["rejected_too_large"] += 1
-            raise _Refusal(
+            raise Refusal(
                 413,
                 f"the request body has {int(length)} bytes, over the server's "
                 f"limit of {limit}; fix: send fewer groups per step, or start the "
@@ -305,7 +201,7 @@ class PolicyServer:
                     size += len(chunk)
                     if size > limit:
                         self.counters["rejected_too_large"] += 1
-                        raise _Refusal(
+                        raise Refusal(
                             413,
                             f"the request body is over the server's limit of {limit} "
                             "bytes; fix: send less per request, or raise the server's "
@@ -316,7 +212,7 @@ class PolicyServer:
         except TimeoutError as e:
             # A body that trickles in holds a slot of max_pending_trains (and memory).
             self.counters["rejected_slow_upload"] += 1
-            raise _Refusal(
+            raise Refusal(
                 408,
                 f"the request body did not arrive within {timeout:.0f} s ({size} bytes "
                 "came); nothing was kept — fix: send it again over a faster link, or "
@@ -334,7 +230,7 @@ class PolicyServer:
                 f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}"
                 for err in e.errors()[:5]
             )
-            raise _Refusal(
+            raise Refusal(
                 400,
                 f"the body is not a valid {model.__name__} ({problems}); fix: "
                 "send what RemoteBackend sends (rlcoach.wire)",
@@ -345,7 +241,7 @@ class PolicyServer:
             check_name("project", project)
             check_name("model", name)
         except ConfigError as e:
-            raise _Refusal(400, str(e), param="name", code="invalid_name") from e
+            raise Refusal(400, str(e), param="name", code="invalid_name") from e
         paths = RunPaths(self.root, project, name)
         self._inside_root(paths.dir)
         return paths
@@ -353,46 +249,23 @@ class PolicyServer:
     def _inside_root(self, path: Path) -> Path:
         resolved = path.resolve()
         if not resolved.is_relative_to(self.root):
-            raise _Refusal(
+            raise Refusal(
                 400, f"path {str(path)!r} is outside the server's root", code="invalid_path"
             )
         return resolved
-
-    async def _model(self, ref: ModelRef) -> TrainableModel:
-        async with self._register_lock:
-            known = self.models.get(ref.name)
-            if known is not None:
-                if known.project != ref.project:
-                    raise _Refusal(
-                        409,
-                        f"model {ref.name!r} is registered under project "
-                        f"{known.project!r}, not {ref.project!r}; fix: use another "
-                        "model name",
-                        code="name_taken",
-                    )
-                return known
-            try:
-                model = TrainableModel(ref.name, ref.project, ref.base_model, ref.config)
-                await self.backend.register(model)
-            except ConfigError as e:
-                raise _Refusal(400, str(e), code="invalid_model") from e
-            self.models[ref.name] = model
-            record = self._run_paths(ref.project, ref.name).dir / REGISTRATION
-            await asyncio.to_thread(write_text_atomic, record, ref.model_dump_json())
-            return model
 
     # -- handlers: service ---------------------------------------------------------------
 
     async def _health(self, request: Request) -> Response:
         gateway = self.backend.gateway
         if gateway is None:
-            raise _Refusal(503, "the backend is starting", kind="server_error")
+            raise Refusal(503, "the backend is starting", kind="server_error")
         if gateway.router.unavailable is not None:
-            raise _Refusal(
+            raise Refusal(
                 503, gateway.router.unavailable, kind="server_error", code="engine_unavailable"
             )
         if not await gateway.call(gateway.engine.healthy(), timeout_s=10.0):
-            raise _Refusal(
+            raise Refusal(
                 503,
                 "the inference engine is not answering",
                 kind="server_error",
@@ -426,7 +299,7 @@ class PolicyServer:
                 **self.counters,
                 "chats_active": self._active,
                 "chats_waiting": self._waiting,
-                "trains_running": len(self._trains),
+                "trains_running": self.trains.running,
                 **(self.backend.gateway.recorder.counters() if self.backend.gateway else {}),
                 "engine_restarts": self.backend.supervisor.restarts
                 if self.backend.supervisor
@@ -441,7 +314,7 @@ class PolicyServer:
         c = self.config
         if self._waiting + self._active >= c.max_concurrent_chats + c.max_queued_chats:
             self.counters["rejected_busy"] += 1
-            raise _Refusal(
+            raise Refusal(
                 429,
                 f"the server holds {self._active} running and {self._waiting} "
                 "queued chat requests, its limit; retry shortly (or start it with a "
@@ -454,7 +327,7 @@ class PolicyServer:
             await asyncio.wait_for(self._slots.acquire(), c.queue_timeout_s)
         except TimeoutError as e:
             self.counters["rejected_queue_timeout"] += 1
-            raise _Refusal(
+            raise Refusal(
                 429,
                 f"no engine slot freed within {c.queue_timeout_s:.0f} s; retry shortly",
                 code="queue_timeout",
@@ -476,7 +349,7 @@ class PolicyServer:
             try:
                 upstream = await self._upstream.send(sent, stream=True)
             except httpx.HTTPError as e:
-                raise _Refusal(
+                raise Refusal(
                     503,
                     f"the policy endpoint did not answer ({e!r}); retry shortly",
                     kind="server_error",
@@ -516,7 +389,7 @@ class PolicyServer:
         try:
             upstream = await self._upstream.get("/v1/models")
         except httpx.HTTPError as e:
-            raise _Refusal(
+            raise Refusal(
                 503,
                 f"the policy endpoint did not answer ({e!r}); retry shortly",
                 kind="server_error",
@@ -534,7 +407,7 @@ class PolicyServer:
 
     async def _register(self, request: Request) -> Response:
         ref = self._parse(ModelRef, await self._read(request, self.config.max_chat_bytes))
-        model = await self._model(ref)
+        model = await self.registrations.register(ref)
         answer = RegisterResponse(
             served_name=model.served_name, step=model.step, base_model=model.base_model
         )
@@ -543,7 +416,7 @@ class PolicyServer:
     async def _train(self, request: Request) -> Response:
         train = self._parse(TrainRequest, await self._upload(request))
         if not train.groups:
-            raise _Refusal(
+            raise Refusal(
                 400, "`groups` is empty; fix: send at least one trajectory group", param="groups"
             )
 
@@ -561,7 +434,7 @@ class PolicyServer:
         from rlcoach.evaluation import check_split
 
         body = self._parse(LogRequest, await self._read(request, self.config.max_request_bytes))
-        model = await self._model(body.model)
+        model = await self.registrations.register(body.model)
         record = await self.backend.log(
             model, body.groups, check_split(body.split), metrics=body.metrics, step=body.step
         )
@@ -570,7 +443,7 @@ class PolicyServer:
     async def _train_sft(self, request: Request) -> Response:
         sft = self._parse(SFTRequest, await self._upload(request))
         if not sft.examples:
-            raise _Refusal(
+            raise Refusal(
                 400,
                 "`examples` is empty; fix: send at least one trajectory or chat record",
                 param="examples",
@@ -592,173 +465,22 @@ class PolicyServer:
             await asyncio.to_thread(check, items, limits)
         except TrainingDataError as e:
             self.counters["rejected_training_data"] += 1
-            raise _Refusal(400, str(e), code="invalid_training_data") from e
+            raise Refusal(400, str(e), code="invalid_training_data") from e
 
     async def _upload(self, request: Request) -> bytes:
         """A training body, within the size limit and the count of pending requests."""
-        if len(self._trains) + self._uploads >= self.config.max_pending_trains:
-            self.counters["rejected_busy"] += 1
-            raise _Refusal(
-                429,
-                f"{self.config.max_pending_trains} training requests are "
-                "already uploading or running; retry once one finishes",
-                code="busy",
-                kind="rate_limit_error",
-            )
-        self._uploads += 1
-        try:
+        with self.trains.upload_slot():
             return await self._read(request, self.config.max_request_bytes)
-        finally:
-            self._uploads -= 1
 
     async def _start(
-        self,
-        request_id: str,
-        ref: ModelRef,
-        items: Sequence[BaseModel],
-        step: Callable[[TrainableModel], Awaitable[StepResult]],
-        kind: str,
+        self, request_id: str, ref: ModelRef, items: Sequence[BaseModel], step: Step, kind: str
     ) -> Response:
         """Run `step` once per request id; answer with its events (or its first result)."""
         self._run_paths(ref.project, ref.name)
-        model = await self._model(ref)
-        task = self._trains.get(request_id)
-        if task is None:
-            # Claimed with no await between the check and the claim: an upload of the
-            # same id arriving meanwhile attaches to this task instead of training again.
-            paths = self._run_paths(model.project, model.name)
-            admitted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            task = asyncio.create_task(
-                self._run_step(model, request_id, items, step, kind, paths, admitted)
-            )
-            self._trains[request_id] = task
-            self._admitted[request_id] = admitted
-
-            def forget(_: object) -> None:
-                self._trains.pop(request_id, None)
-                self._admitted.pop(request_id, None)
-
-            task.add_done_callback(forget)
-        else:
-            self.counters["train_attached"] += 1
-            admitted = self._admitted[request_id]
-        # The upload is on disk (or known trained) before it is acknowledged.
-        try:
-            await asyncio.shield(admitted)
-        except OSError as e:
-            self.counters["train_failed"] += 1
-            raise _Refusal(
-                507,
-                f"the upload could not be written to disk ({e}); nothing was trained — "
-                "fix: free space under the server's --root, then send it again",
-                kind="server_error",
-                code="storage_error",
-            ) from e
-        return StreamingResponse(self._events(request_id, task), media_type="application/x-ndjson")
-
-    async def _run_step(
-        self,
-        model: TrainableModel,
-        request_id: str,
-        items: Sequence[BaseModel],
-        step: Callable[[TrainableModel], Awaitable[StepResult]],
-        kind: str,
-        paths: RunPaths,
-        admitted: asyncio.Future[None],
-    ) -> StepResultWire:
-        try:
-            finished = await asyncio.to_thread(finished_step, paths, request_id, self.root)
-            if finished is None:
-                await asyncio.to_thread(
-                    write_text_atomic,
-                    paths.dir / "requests" / f"{request_id}.jsonl",
-                    "".join(item.model_dump_json() + "\n" for item in items),
-                )
-        except asyncio.CancelledError:
-            admitted.cancel()
-            raise
-        except BaseException as e:
-            admitted.set_exception(e)
-            raise
-        admitted.set_result(None)
-        if finished is not None:
-            self.counters["train_replayed"] += 1
-            return finished
-        self.counters["train_started"] += 1
-        lock = self._model_locks.setdefault(model.name, asyncio.Lock())
-        async with lock:
-            wire = step_result_wire(await step(model), self.root, kind)
-            await asyncio.to_thread(
-                write_text_atomic,
-                paths.dir / "requests" / f"{request_id}.result.json",
-                wire.model_dump_json(),
-            )
-            await self._prune(model, paths)
-            return wire
-
-    async def _prune(self, model: TrainableModel, paths: RunPaths) -> None:
-        """The retention policy after a step; a failure to prune never fails the step."""
-        gateway = self.backend.gateway
-        try:
-            removed = await asyncio.to_thread(
-                apply_retention, paths, self.config.retention, model.step, self.root / "logs"
-            )
-            for step in removed.checkpoints:
-                if gateway is not None:
-                    await gateway.call(_forget(gateway.router, f"{model.name}@{step}"))
-        except Exception:
-            logger.exception("pruning %s failed (the step itself is done)", paths.dir)
-            return
-        for what, count in removed.counts().items():
-            self.counters[f"pruned_{what}"] += count
-
-    async def _events(
-        self, request_id: str, task: asyncio.Task[StepResultWire]
-    ) -> AsyncIterator[bytes]:
-        def line(event: TrainEvent) -> bytes:
-            return (event.model_dump_json() + "\n").encode()
-
-        yield line(TrainEvent(event="accepted", request_id=request_id))
-        yield line(TrainEvent(event="training", request_id=request_id))
-        # asyncio.wait never cancels the task: a client that hangs up leaves the step running.
-        while not task.done():
-            await asyncio.wait({task}, timeout=self.config.heartbeat_s)
-            if not task.done():
-                yield line(TrainEvent(event="heartbeat", request_id=request_id))
-        if task.cancelled():
-            error: BaseException = EngineError(
-                "the step was cancelled: the server is shutting down; nothing of it was kept"
-            )
-        else:
-            error = task.exception()  # type: ignore[assignment]
-            if error is None:
-                yield line(TrainEvent(event="result", request_id=request_id, result=task.result()))
-                return
-        # Only an error that says so is worth sending again: anything else (a bug, a
-        # deterministic refusal) would fail the same way for the client's whole budget.
-        retryable = isinstance(error, RLCoachError) and error.retryable
-        self.counters["train_failed"] += 1
-        if isinstance(error, RLCoachError):
-            logger.error("training request %s failed: %r", request_id, error)
-            message = f"{type(error).__name__}: {error}"
-        else:
-            logger.error("training request %s failed", request_id, exc_info=error)
-            message = (
-                f"internal error: {type(error).__name__}: {error} (a bug in rlcoach or its "
-                "libraries: sending the same request again would fail the same way; the "
-                "server's log has the traceback)"
-            )
-        body = error_body(
-            message,
-            kind="invalid_request_error"
-            if isinstance(error, TrainingDataError | ConfigError)
-            else "server_error",
-        )
-        yield line(
-            TrainEvent(
-                event="error", request_id=request_id, error=body["error"], retryable=retryable
-            )
-        )
+        model = await self.registrations.register(ref)
+        paths = self._run_paths(model.project, model.name)
+        events = await self.trains.start(request_id, model, paths, items, step, kind)
+        return StreamingResponse(events, media_type="application/x-ndjson")
 
     async def _checkpoints(self, request: Request) -> Response:
         p = request.path_params
@@ -779,14 +501,14 @@ class PolicyServer:
         paths = self._run_paths(p["project"], p["name"])
         step_text = p["step"]
         if not _NUMBER.fullmatch(step_text) or int(step_text) < 1:
-            raise _Refusal(
+            raise Refusal(
                 400, f"checkpoint step {step_text[:40]!r} is not a positive integer", param="step"
             )
         step = int(step_text)
         model = self.models.get(p["name"])
         latest = paths.latest_checkpoint()
         if (model is not None and model.step == step) or (latest and latest[0] == step):
-            raise _Refusal(
+            raise Refusal(
                 409,
                 f"step {step} is the latest checkpoint (the one served as "
                 f"{p['name']!r}); fix: train a newer step first",
@@ -794,12 +516,10 @@ class PolicyServer:
             )
         folder = self._inside_root(paths.checkpoint(step))
         if not folder.is_dir():
-            raise _Refusal(
+            raise Refusal(
                 404, f"{p['project']}/{p['name']} has no checkpoint {step}", code="not_found"
             )
-        gateway = self.backend.gateway
-        if gateway is not None:  # no longer served, nor loaded again after an engine crash
-            await gateway.call(_forget(gateway.router, f"{p['name']}@{step}"))
+        await stop_serving(self.backend.gateway, f"{p['name']}@{step}")
         await asyncio.to_thread(remove_checkpoint, folder)
         self.counters["checkpoints_deleted"] += 1
         return JSONResponse({"deleted": step})
@@ -834,7 +554,7 @@ class PolicyServer:
         )
 
     async def _crash(self, request: Request, error: Exception) -> Response:
-        if isinstance(error, _Refusal):
+        if isinstance(error, Refusal):
             return error.response()
         if isinstance(error, ClientDisconnect):
             self.counters["client_disconnects"] += 1
@@ -844,11 +564,6 @@ class PolicyServer:
             error_body(f"internal error: {type(error).__name__}: {error}", kind="server_error"),
             status_code=500,
         )
-
-
-async def _forget(router: Any, served: str) -> None:
-    """`Router.forget` on the gateway's loop, where the router lives."""
-    router.forget(served)
 
 
 def serve(config: ServeConfig, api_key: str | None) -> None:

@@ -28,6 +28,7 @@ def step_result_wire(result: StepResult, root: Path, kind: str = "rl") -> StepRe
         save_seconds=result.save_seconds,
         staleness=result.staleness.as_dict() if result.staleness is not None else None,
         timings=dict(result.timings),
+        rendering=dict(result.rendering),
     )
 
 

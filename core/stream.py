@@ -5,9 +5,10 @@ engine sends is passed to the client as it arrives (its `model` renamed to the s
 name), and a `CompletionAssembler` folds the same events into the completion a
 non-streamed request would have returned — message (content, reasoning, tool calls),
 sampled token ids, per-token log-probs, finish reason, prompt token ids and usage — which
-the endpoint records when the stream ends. `completion_events` goes the other way, for
-an engine that can only answer whole (the transformers engine): one finished
-completion cut into chunk events.
+the endpoint records when the stream ends. `streamed_completion` does the same fold
+after the fact, for a stream read whole (client-side capture, capture.py).
+`completion_events` goes the other way, for an engine that can only answer whole (the
+transformers engine): one finished completion cut into chunk events.
 """
 
 from __future__ import annotations
@@ -16,7 +17,13 @@ import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-__all__ = ["DONE", "CompletionAssembler", "completion_events", "sse_event"]
+__all__ = [
+    "DONE",
+    "CompletionAssembler",
+    "completion_events",
+    "sse_event",
+    "streamed_completion",
+]
 
 DONE = b"data: [DONE]\n\n"
 
@@ -137,12 +144,28 @@ def completion_events(response: dict[str, Any], include_usage: bool) -> Iterator
     yield DONE
 
 
+def streamed_completion(text: str) -> dict[str, Any]:
+    """The completion a whole server-sent-event stream (its text) adds up to."""
+    assembler = CompletionAssembler()
+    for line in text.splitlines():
+        payload = _payload(line)
+        if payload is not None:
+            assembler.add(payload)
+    return assembler.completion()
+
+
 async def parse_events(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any] | None]:
     """Server-sent-event lines as payloads (None for `[DONE]`)."""
     async for line in lines:
-        if not line.startswith("data:"):
-            continue
-        data = line[len("data:") :].strip()
-        if not data:
-            continue
-        yield None if data == "[DONE]" else json.loads(data)
+        if line.startswith("data:") and line[len("data:") :].strip():
+            yield _payload(line)
+
+
+def _payload(line: str) -> dict[str, Any] | None:
+    """The JSON payload of a `data:` line; None for `[DONE]`, other lines and empty data."""
+    if not line.startswith("data:"):
+        return None
+    data = line[len("data:") :].strip()
+    if not data or data == "[DONE]":
+        return None
+    return json.loads(data)

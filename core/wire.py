@@ -158,6 +158,8 @@ class StepResultWire(_Wire):
     for SFT."""
     timings: dict[str, float] = Field(default_factory=dict)
     """Phases beside training (`sleep_seconds`, `wake_seconds` of a sleeping engine)."""
+    rendering: dict[str, float] = Field(default_factory=dict)
+    """Client-built trajectories rendered for the step (`StepResult.rendering`)."""
     replayed: bool = False
     """True when this answers a retried request id that was already trained."""
 

@@ -25,29 +25,11 @@ def model_path() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory, model_path) -> Path:
     """A tiny random-weight Llama (hidden 32, two layers) with the bundled model's tokenizer
-    and chat template: a real model folder that loads, generates and trains in a second."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+    and chat template: a real model folder that loads, generates and trains in a second
+    (bench/tiny_model.py)."""
+    from tiny_model import save_tiny_model
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("tiny-model")
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-model"), model_path)
 
 
 @pytest.fixture(scope="session")

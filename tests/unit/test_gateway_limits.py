@@ -7,7 +7,8 @@ import time
 import pytest
 
 from rlcoach.errors import EngineError
-from rlcoach.gateway import Gateway, Recorder, _check_body
+from rlcoach.gateway import Gateway, _check_body
+from rlcoach.recorder import Recorder
 from rlcoach.router import Router
 
 

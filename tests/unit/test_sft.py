@@ -7,9 +7,10 @@ import json
 import pytest
 import torch
 
-from rlcoach.capture import _conversations, merge_stream
+from rlcoach.capture import _conversations
 from rlcoach.config import SFTConfig
 from rlcoach.errors import TrainingDataError
+from rlcoach.stream import streamed_completion
 from rlcoach.trainer.sft import _batches, chat_sequences, sft_loss, sft_sequences
 from rlcoach.types import ChatRecord, SampledChoice, Trajectory
 
@@ -142,7 +143,7 @@ def test_streamed_completion_is_merged_into_one_message():
         },
     ]
     text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
-    merged = merge_stream(text)
+    merged = streamed_completion(text)
     message = merged["choices"][0]["message"]
     assert message["content"] == "Let me add."
     assert message["tool_calls"][0]["id"] == "call_9"
