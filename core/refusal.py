@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from starlette.responses import JSONResponse
 
+from rlcoach.errors import RLCoachError
 from rlcoach.wire import error_body
 
 __all__ = ["Refusal"]
 
 
-class Refusal(Exception):
-    """An HTTP error to answer with an OpenAI-shaped body."""
+class Refusal(RLCoachError):
+    """An HTTP error to answer with an OpenAI-shaped body; retryable when its status says
+    the same request may work later (408, 429, 503)."""
 
     def __init__(
         self,
@@ -30,6 +32,7 @@ class Refusal(Exception):
     ) -> None:
         super().__init__(message)
         self.status, self.code, self.param, self.kind = status, code, param, kind
+        self.retryable = status in (408, 429, 503)
 
     def response(self) -> JSONResponse:
         body = error_body(str(self), kind=self.kind, param=self.param, code=self.code)

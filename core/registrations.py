@@ -79,5 +79,5 @@ class Registrations:
             try:
                 ref = ModelRef.model_validate_json(await asyncio.to_thread(file.read_bytes))
                 await self.register(ref)
-            except (OSError, ValueError, RLCoachError, Refusal) as e:
+            except (OSError, ValueError, RLCoachError) as e:
                 logger.warning("model %s is not registered again after the restart: %s", file, e)
