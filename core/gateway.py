@@ -6,14 +6,16 @@ sampled token ids, routes `name@step` to the right adapter (see `router.py`), an
 the exchange (recorder.py) under the rollout id that the client sent in the
 `X-RLCoach-Rollout` header (`model.openai_client()` sets it from the current rollout
 scope), so user code needs no bookkeeping. Bad requests get OpenAI-shaped 4xx errors that
-name the bad value and the fix. What is recorded is what the trainer can trust:
+name the bad value and the fix. The client gets log-probs only when it asked for them
+(`constraint.as_asked`); the recording keeps them all. What is recorded is what the
+trainer can trust:
 
 - Streaming is token by token: each engine event is relayed as it comes, and the
   completion the events add up to is recorded when the stream ends (stream.py).
 - A completion sampled under a grammar (JSON schema, regex, a forced tool choice) is
   recorded with the model's own log-probs, re-scored without the grammar, and with the
   positions the grammar forced (constraint.py, rescore.py); the client gets the engine's
-  answer.
+  answer, with the top log-probs it asked for.
 - A tool-calling reply the policy sampled earlier in the same rollout, returned by the
   client as parsed tool calls, is sent to the engine as the exact text it sampled: the
   chat template would re-serialise the calls its own way (spacing, key order, escapes,

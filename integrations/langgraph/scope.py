@@ -23,7 +23,11 @@ ignores those messages (it trains sampled tokens only); a RULER judge reads them
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextvars
 import functools
+import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 
@@ -39,6 +43,17 @@ if TYPE_CHECKING:
 __all__ = ["GraphRollout", "rollout", "rollout_fn", "to_openai_messages"]
 
 P = ParamSpec("P")
+
+SYNC_ROLLOUT_THREADS = 256
+"""Threads for synchronous rollouts (`rollout_fn` on a plain `def`): a rollout mostly waits
+for the policy, so as many as a step's rollouts, not asyncio's CPU-sized default pool."""
+
+
+@functools.cache
+def _threads() -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(
+        SYNC_ROLLOUT_THREADS, thread_name_prefix="rlcoach-rollout"
+    )
 
 
 def to_openai_messages(messages: Sequence[Any]) -> list[Message]:
@@ -122,10 +137,8 @@ def rollout(model: TrainableModel, **metadata: Scalar) -> GraphRollout:
 
 def rollout_fn(
     model: TrainableModel, **metadata: Scalar
-) -> Callable[
-    [Callable[Concatenate[GraphRollout, P], Awaitable[Any]]], Callable[P, Awaitable[Trajectory]]
-]:
-    """Make `async def attempt(scope, *args)` a rollout per call that returns its Trajectory.
+) -> Callable[[Callable[Concatenate[GraphRollout, P], Any]], Callable[P, Awaitable[Trajectory]]]:
+    """Make `attempt(scope, *args)` a rollout per call that returns its Trajectory.
 
     @rollout_fn(policy)
     async def attempt(scope, question):
@@ -134,15 +147,28 @@ def rollout_fn(
         scope.reward = score(question, state)
 
     groups = await gather_trajectory_groups([attempt(q) for _ in range(8)] for q in qs)
+
+    A plain `def attempt(scope, question)` (a graph run with `graph.invoke`) runs in a
+    worker thread, inside the same scope: the thread inherits the rollout id, and
+    `chat_model(policy)`'s synchronous client stamps its calls with it, so a synchronous
+    app is trained as it is. Up to `SYNC_ROLLOUT_THREADS` run at once.
     """
 
     def wrap(
-        function: Callable[Concatenate[GraphRollout, P], Awaitable[Any]],
+        function: Callable[Concatenate[GraphRollout, P], Any],
     ) -> Callable[P, Awaitable[Trajectory]]:
+        synchronous = not inspect.iscoroutinefunction(function)
+
         @functools.wraps(function)
         async def run(*args: P.args, **kwargs: P.kwargs) -> Trajectory:
             async with rollout(model, **metadata) as scope:
-                await function(scope, *args, **kwargs)
+                if synchronous:  # the thread runs in a copy of this context: the rollout id
+                    call = functools.partial(function, scope, *args, **kwargs)
+                    context = contextvars.copy_context()
+                    loop = asyncio.get_running_loop()
+                    await loop.run_in_executor(_threads(), context.run, call)
+                else:
+                    await function(scope, *args, **kwargs)
             return scope.trajectory
 
         return run

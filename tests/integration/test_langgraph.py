@@ -96,7 +96,7 @@ def assert_exact_tokens(trajectory) -> None:
             assert choice.prompt_token_ids and choice.policy.startswith("graph-agent@")
 
 
-async def test_prebuilt_react_agent_with_two_tools(policy, vllm_backend):
+async def test_prebuilt_react_agent_with_two_tools_async_and_synchronous(policy, vllm_backend):
     with warnings.catch_warnings():  # deprecated for langchain.agents, still widely used
         warnings.simplefilter("ignore")
         from langgraph.prebuilt import create_react_agent
@@ -115,16 +115,22 @@ async def test_prebuilt_react_agent_with_two_tools(policy, vllm_backend):
         return llm.bind_tools(tools, tool_choice="none")
 
     graph = create_react_agent(pick_model, tools)
+
+    @rollout_fn(policy, task="lamp")
+    def synchronous_app(scope, question, counter):  # graph.invoke, in a worker thread
+        scope.record_state(graph.invoke(question, config={"callbacks": [counter]}))
+
     trajectories = []
-    for item in ("kettle", "lamp"):
+    for item in ("kettle", "lamp"):  # the first run async, the second synchronous
         counter = CallCounter()
-        async with rollout(policy, task=item) as scope:
-            state = await graph.ainvoke(
-                {"messages": [("user", f"How much is a {item}, and is it in stock?")]},
-                config={"callbacks": [counter]},
-            )
-            scope.record_state(state)
-        trajectory = scope.trajectory
+        question = {"messages": [("user", f"How much is a {item}, and is it in stock?")]}
+        if item == "kettle":
+            async with rollout(policy, task=item) as scope:
+                state = await graph.ainvoke(question, config={"callbacks": [counter]})
+                scope.record_state(state)
+            trajectory = scope.trajectory
+        else:
+            trajectory = await synchronous_app(question, counter)
         assert counter.calls == 3
         assert len(trajectory.choices) == 3 and not trajectory.additional_histories
         roles = [m["role"] for m in trajectory.messages]
