@@ -9,6 +9,8 @@ blocks of 32 KiB whose records (crc32, length, type) carry `wandb_internal_pb2.R
 import json
 import struct
 
+import wandb
+
 from rlcoach import Trajectory, TrajectoryGroup, Verdict
 from rlcoach.integrations.wandb import TABLE_COLUMNS, WandbSink
 from rlcoach.sinks import SinkSet, rollout_metrics, run_info
@@ -78,6 +80,10 @@ def test_offline_run_files_hold_the_metrics_and_tables(tmp_path, monkeypatch):
         )
     sinks.close()
     assert sinks.counters() == {"sink_errors/wandb": 0, "sink_dropped/wandb": 0}
+    # `run.finish()` returns before wandb's service process has always written the offline
+    # log (seen: the 7-byte header alone, about 1 run in 20); shutting the service down
+    # flushes it, as the SDK's own exit hook does when a training process ends.
+    wandb.teardown()
 
     (run_dir,) = (tmp_path / "runs" / "proj" / "agent" / "wandb").glob("offline-run-*")
     (log,) = run_dir.glob("run-*.wandb")
