@@ -1,23 +1,21 @@
-"""The process's heap after a training step: freed memory handed back, and a debug log.
+"""A debug log of the process's heap after each training step.
 
-A server that trains for days must not grow step after step. After each step
-`LocalBackend` collects garbage and asks glibc to hand free pages back to the system
-(`malloc_trim`): glibc keeps freed memory in per-thread arenas, and each step's tensors
-differ in size, so without it RSS climbs with every step (bench/soak_serve.py).
-
-With `$RLCOACH_HEAP_LOG=<file>` each step also appends one JSON line there: RSS, glibc's
-own account of its heap (`mallinfo2`: bytes in use, bytes free but kept in its arenas,
+With `$RLCOACH_HEAP_LOG=<file>` each step appends one JSON line there: RSS, glibc's own
+account of its heap (`mallinfo2`: bytes in use, bytes free but kept in its arenas,
 mmapped bytes), and, when Python's `tracemalloc` runs (`PYTHONTRACEMALLOC=1`), the bytes
 Python objects hold and every 10 steps a snapshot beside the log. Comparing the lines of
 two steps tells a leak (bytes in use, or Python's, grow) from allocator high water (free
-bytes kept in arenas grow, in-use bytes do not). It is a debugging aid; off by default.
+bytes kept in arenas grow, in-use bytes do not); bench/soak_serve.py turns it on. Off by
+default, and then free: nothing is collected or trimmed after a step. A forced
+`gc.collect()` plus `malloc_trim` costs ~0.33 s a step with the bundled model loaded, and
+the soak's growth is memory in use (oneDNN's kernel cache, docs/faults.md), which
+trimming cannot hand back.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import gc
 import json
 import os
 import sys
@@ -80,15 +78,9 @@ def heap_figures() -> dict[str, float]:
 
 
 def after_step() -> None:
-    """Collect garbage, hand free heap pages back to the system, and (with
-    `$RLCOACH_HEAP_LOG`) log the heap (see the module)."""
+    """With `$RLCOACH_HEAP_LOG`, log the heap (see the module); else nothing."""
     global _steps
     _steps += 1
-    gc.collect()
-    libc = _libc()
-    if libc is not None:
-        with contextlib.suppress(OSError, AttributeError):
-            libc.malloc_trim(0)
     log = os.environ.get(LOG_VARIABLE)
     if not log:
         return
