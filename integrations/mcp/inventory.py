@@ -103,7 +103,7 @@ def build_server() -> MCPServer:
 
     @server.tool()
     def list_orders() -> list[dict]:
-        """The orders placed in this session."""
+        """The orders placed since this server started."""
         return list(orders)
 
     @server.resource("inventory://catalog", mime_type="text/plain")

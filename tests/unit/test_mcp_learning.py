@@ -101,7 +101,7 @@ def test_annotations_rule_and_names_decide_the_rest():
     assert "its name says 'send'" in verdict("send_invoice")[2]
     assert "description says 'delete'" in verdict("tidy_cache", "Deletes every cached file.")[2]
     for name, description in [
-        ("list_orders", "The orders placed in this session."),  # 'orders' is a noun here
+        ("list_orders", "The orders placed since this server started."),  # 'orders' is a noun here
         ("calculate", "Calculates/evaluates the given expression."),
         ("add", "Add two numbers."),
         ("get_current_time", "Get current time in a specific timezone"),
