@@ -146,6 +146,30 @@ def _png(figure: Any) -> str:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
+def _finished(
+    name: str,
+    figure: Any,
+    axes: Any,
+    title: str,
+    xlabel: str = "training step",
+    legend: bool = True,
+) -> tuple[str, str]:
+    """A chart's common finish (title, step axis, grid, legend) as (name, PNG base64); the
+    figure is closed."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    axes.set_xlabel(xlabel)
+    axes.set_title(title)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.grid(alpha=0.3)
+    if legend:
+        axes.legend(fontsize=8)
+    png = _png(figure)
+    plt.close(figure)
+    return name, png
+
+
 def _eval_records(run: RunRecord) -> list[dict[str, Any]]:
     """The `model.log` records: event `eval`, a split, a step and its mean reward."""
     return [
@@ -165,7 +189,6 @@ def _charts(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
     charts = []
     scored = [r for r in rows if r["rewards"]]
@@ -184,14 +207,10 @@ def _charts(
         axes.plot(steps, mean, marker="o", label="mean reward")
         axes.plot(steps, [r["rewards"]["max"] for r in scored], ls=":", label="max")
         axes.plot(steps, [r["rewards"]["min"] for r in scored], ls=":", label="min")
-        axes.set_xlabel("training step")
         axes.set_ylabel("reward")
-        axes.set_title("Reward per step (rollouts the step trained on)")
-        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-        axes.grid(alpha=0.3)
-        axes.legend(fontsize=8)
-        charts.append(("Reward", _png(figure)))
-        plt.close(figure)
+        charts.append(
+            _finished("Reward", figure, axes, "Reward per step (rollouts the step trained on)")
+        )
     succeeded = [r for r in rows if r["success"] is not None]
     if succeeded:
         figure, axes = plt.subplots(figsize=(6.4, 3.4))
@@ -202,26 +221,17 @@ def _charts(
             color="tab:green",
         )
         axes.set_ylim(-0.05, 1.05)
-        axes.set_xlabel("training step")
         axes.set_ylabel("success rate")
-        axes.set_title("Success per step (metrics['success'])")
-        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-        axes.grid(alpha=0.3)
-        charts.append(("Success", _png(figure)))
-        plt.close(figure)
+        title = "Success per step (metrics['success'])"
+        charts.append(_finished("Success", figure, axes, title, legend=False))
     if evals:
         figure, axes = plt.subplots(figsize=(6.4, 3.4))
         for split in sorted({e["split"] for e in evals}):
             points = [(e["step"], e[f"{split}/reward"]) for e in evals if e["split"] == split]
             axes.plot(*zip(*points, strict=True), marker="s", label=f"{split}/reward")
-        axes.set_xlabel("training step (checkpoint evaluated)")
         axes.set_ylabel("mean reward")
-        axes.set_title("Evaluations (model.log)")
-        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-        axes.grid(alpha=0.3)
-        axes.legend(fontsize=8)
-        charts.append(("Evaluations", _png(figure)))
-        plt.close(figure)
+        xlabel = "training step (checkpoint evaluated)"
+        charts.append(_finished("Evaluations", figure, axes, "Evaluations (model.log)", xlabel))
     measured = [r for r in rows if "mismatch_abs_mean" in r["record"]]
     if measured:
         steps = [r["step"] for r in measured]
@@ -232,13 +242,8 @@ def _charts(
             ("mismatch_beyond_fraction", "share of tokens beyond the threshold"),
         ):
             axes.plot(steps, [r["record"].get(key) for r in measured], marker="o", label=label)
-        axes.set_xlabel("training step")
-        axes.set_title("Sampler/trainer mismatch on the trained tokens")
-        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-        axes.grid(alpha=0.3)
-        axes.legend(fontsize=8)
-        charts.append(("Mismatch", _png(figure)))
-        plt.close(figure)
+        title = "Sampler/trainer mismatch on the trained tokens"
+        charts.append(_finished("Mismatch", figure, axes, title))
     return charts
 
 
