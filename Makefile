@@ -35,12 +35,12 @@ demo: $(STAMP)
 	$(BIN)/rlcoach demo
 
 # The trainer runs under bf16 autocast on a CPU with fast bf16 and in fp32 elsewhere
-# (core/hardware.py). These tests run a second time with the other choice forced, so
+# (core/runtime/hardware.py). These tests run a second time with the other choice forced, so
 # one machine proves both paths (tiny models only: bf16 is very slow without bf16 units).
 DTYPE_TESTS := tests/unit/test_hardware.py tests/unit/test_checkpoint.py \
 	tests/unit/test_objective.py tests/unit/test_sft.py tests/unit/test_prefix_sharing.py \
 	tests/integration/test_distributed_trainer.py
-OTHER_DTYPE = $$($(BIN)/python -c "from rlcoach.hardware import fast_bf16; print(int(not fast_bf16('cpu')))")
+OTHER_DTYPE = $$($(BIN)/python -c "from rlcoach.runtime.hardware import fast_bf16; print(int(not fast_bf16('cpu')))")
 
 # Every layer; the slowest tests are listed at the end of each run.
 test: $(STAMP)

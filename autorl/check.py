@@ -21,8 +21,8 @@ from rlcoach.autorl.generate import GenerationConfig, ask_for_json, describe_too
 from rlcoach.autorl.types import InputRecord
 from rlcoach.config import parse_config
 from rlcoach.model import Model
-from rlcoach.types import Tool
-from rlcoach.usage import ModelUsage
+from rlcoach.models.usage import ModelUsage
+from rlcoach.trajectory.trajectories import Tool
 
 __all__ = ["check_solvable"]
 

@@ -24,7 +24,7 @@ from typing import Annotated, Any
 
 import typer
 
-from rlcoach.bundled import BUNDLED_MODEL
+from rlcoach.models.bundled import BUNDLED_MODEL
 
 app = typer.Typer(
     help="Generate training inputs from a task description (AutoRL).", no_args_is_help=True
@@ -62,9 +62,9 @@ async def _run(
     from rlcoach.autorl.generate import GenerationError, generate_inputs, generate_scenarios
     from rlcoach.autorl.prompt import generate_system_prompt
     from rlcoach.autorl.split import save_dataset, split_records
-    from rlcoach.backend import LocalBackend
+    from rlcoach.backend.local import LocalBackend
     from rlcoach.model import Model, TrainableModel
-    from rlcoach.usage import ModelUsage
+    from rlcoach.models.usage import ModelUsage
 
     usage = ModelUsage()
     tools: list[Any] = []

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from rlcoach.errors import ConfigError
-from rlcoach.types import TrajectoryGroup
+from rlcoach.trajectory.trajectories import TrajectoryGroup
 
 __all__ = ["DifficultyFilter", "FilterReport", "InputEstimate", "group_input_id"]
 

@@ -28,14 +28,14 @@ from typing import Any
 from pydantic import ConfigDict, Field, ValidationError
 from tqdm.auto import tqdm
 
-from rlcoach.answers import json_object
 from rlcoach.autorl.dedupe import Embed, deduplicate
 from rlcoach.autorl.types import InputRecord
 from rlcoach.config import parse_config
 from rlcoach.errors import AnswerError, ConfigError, RLCoachError
 from rlcoach.model import Model
-from rlcoach.types import Tool
-from rlcoach.usage import ModelUsage
+from rlcoach.models.answers import json_object
+from rlcoach.models.usage import ModelUsage
+from rlcoach.trajectory.trajectories import Tool
 from rlcoach.validation import Config
 
 __all__ = [

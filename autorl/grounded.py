@@ -36,7 +36,7 @@ from rlcoach.autorl.facts import Fact, key_facts
 from rlcoach.autorl.split import split_records
 from rlcoach.autorl.types import InputRecord
 from rlcoach.model import Model
-from rlcoach.usage import ModelUsage
+from rlcoach.models.usage import ModelUsage
 
 __all__ = [
     "GroundedCall",

@@ -16,7 +16,7 @@ from typing import Any
 from rlcoach.autorl.generate import GenerationError
 from rlcoach.autorl.types import InputRecord
 from rlcoach.model import Model
-from rlcoach.usage import ModelUsage
+from rlcoach.models.usage import ModelUsage
 
 __all__ = ["generate_system_prompt"]
 

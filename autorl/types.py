@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rlcoach.types import Scalar
+from rlcoach.trajectory.trajectories import Scalar
 
 __all__ = ["Difficulty", "InputRecord"]
 

@@ -157,8 +157,8 @@ def report(trainer, trajectories) -> None:
 def offline(args: argparse.Namespace) -> None:
     """The report and one step on trajectories saved by an earlier run (`--dump`): the
     LoRA trainer at its zero start is the policy that sampled them at step 0."""
-    from rlcoach.bundled import bundled_model_path
     from rlcoach.config import TrainConfig
+    from rlcoach.models.bundled import bundled_model_path
     from rlcoach.trainer.lora import LoraTrainer
 
     [group] = load_groups(args.load)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from rlcoach.processes import free_port
+from rlcoach.runtime.processes import free_port
 
 
 class ServeProcess:

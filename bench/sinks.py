@@ -20,7 +20,7 @@ from langfuse_receiver import LangfuseReceiver
 
 from rlcoach import SampledChoice, Trajectory, TrajectoryGroup
 from rlcoach.integrations.langfuse import LangfuseSink
-from rlcoach.sinks import SinkSet, rollout_metrics, run_info
+from rlcoach.observe.sinks import SinkSet, rollout_metrics, run_info
 
 
 def _trajectory(index: int) -> Trajectory:

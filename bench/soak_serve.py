@@ -9,7 +9,7 @@ A tiny random-weight Llama (the bundled tokenizer and chat template) is served b
 `RemoteBackend`, which retries one request id until the server answers. Meanwhile:
 - `serve` is killed -9 at random points of the first steps and started again on the same
   root and port: half of the kills at a random time (during rollouts, uploads, training
-  or publishing), half at a random failpoint of the step (core/failpoints.py: after the
+  or publishing), half at a random failpoint of the step (core/runtime/failpoints.py: after the
   optimizer step, after the checkpoint's rename, after the publish, after the commit);
 - the engine is killed -9 at random points of all the steps (the supervisor restarts it).
 `serve` is never killed after the first `--serve-kill-steps`, so the process that serves
@@ -22,7 +22,7 @@ trajectory is on disk, no checkpoint is torn (every
 adapter loads, every step record parses, no temp folder is left once the server has
 registered the model again), and the RSS of `serve` at the end is within 10% of its RSS
 after step 30. Why step 30, not step 10: the server's RSS grows during its first ~20-30
-steps and then stays flat. Its heap log (core/heap.py, which the soak turns on) shows
+steps and then stays flat. Its heap log (core/runtime/heap.py, which the soak turns on) shows
 the growth is bytes in use, not free memory kept by glibc (the same run with
 `MALLOC_ARENA_MAX=2` grows identically); a trainer step run with
 `ONEDNN_PRIMITIVE_CACHE_CAPACITY=0`, or in fp32 (`RLCOACH_CPU_BF16=0`), does not grow at
@@ -51,8 +51,8 @@ from pathlib import Path
 from served import ServeProcess  # bench/served.py
 from tiny_model import save_tiny_model  # bench/tiny_model.py
 
-from rlcoach.failpoints import FOLDER_VARIABLE, POINTS, arm
-from rlcoach.heap import LOG_VARIABLE
+from rlcoach.runtime.failpoints import FOLDER_VARIABLE, POINTS, arm
+from rlcoach.runtime.heap import LOG_VARIABLE
 
 KEY = "soak-" + os.urandom(8).hex()
 START = "<!-- soak:start (written by bench/soak_serve.py --doc) -->"
@@ -101,7 +101,7 @@ async def rollout_group(model, size: int, rng: random.Random, counters: dict) ->
 
 async def soak(args: argparse.Namespace) -> dict:
     from rlcoach import RemoteBackend, TrainableModel
-    from rlcoach.bundled import bundled_model_path
+    from rlcoach.models.bundled import bundled_model_path
 
     work = Path(tempfile.mkdtemp(prefix="rlcoach-soak-"))
     model_dir = save_tiny_model(work / "tiny-model", bundled_model_path())

@@ -23,7 +23,7 @@ import time
 import httpx
 
 from rlcoach import LocalBackend, TrainableModel
-from rlcoach.gateway import ROLLOUT_HEADER
+from rlcoach.endpoint.gateway import ROLLOUT_HEADER
 
 MESSAGES = [{"role": "user", "content": "Name three kitchen appliances."}]
 

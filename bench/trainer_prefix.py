@@ -23,10 +23,10 @@ import time
 import torch
 
 from rlcoach import SampledChoice, Trajectory, TrajectoryGroup
-from rlcoach.bundled import bundled_model_path
 from rlcoach.config import TrainConfig
 from rlcoach.demo.task import ADD_TOOL, make_questions
-from rlcoach.hardware import autocast_dtype
+from rlcoach.models.bundled import bundled_model_path
+from rlcoach.runtime.hardware import autocast_dtype
 from rlcoach.trainer.lora import LoraTrainer
 from rlcoach.trainer.step import collect_sequences
 

@@ -8,10 +8,10 @@ Importing `rlcoach` imports no optional dependency (vLLM, LangGraph, MCP, Langfu
 and not torch either: engines and the trainer load on first use.
 """
 
-from rlcoach.backend import Backend, LocalBackend, StepResult
-from rlcoach.bundled import BUNDLED_MODEL
+from rlcoach.backend.local import Backend, LocalBackend, StepResult
+from rlcoach.backend.pipeline import PipelineStep, run_pipeline
+from rlcoach.compat import moved as _moved
 from rlcoach.config import EngineConfig, LoraConfig, SFTConfig, TrainConfig
-from rlcoach.dataset import DatasetBatch, iterate_dataset
 from rlcoach.errors import (
     CheckpointError,
     ConfigError,
@@ -24,19 +24,21 @@ from rlcoach.errors import (
     TrainingDataError,
     UnknownModelError,
 )
-from rlcoach.gather import (
+from rlcoach.model import Model, PendingStep, TrainableModel
+from rlcoach.models.bundled import BUNDLED_MODEL
+from rlcoach.models.usage import ModelUsage
+from rlcoach.observe.sinks import Sink, SinkConfig
+from rlcoach.rollout.gather import (
     AfterEach,
     RolloutFn,
     gather_trajectories,
     gather_trajectory_groups,
     retry,
 )
-from rlcoach.model import Model, PendingStep, TrainableModel
-from rlcoach.pipeline import PipelineStep, run_pipeline
-from rlcoach.remote import RemoteBackend
-from rlcoach.rollout import Rollout, current_rollout_id
-from rlcoach.sinks import Sink, SinkConfig
-from rlcoach.types import (
+from rlcoach.rollout.scope import Rollout, current_rollout_id
+from rlcoach.serve.remote import RemoteBackend
+from rlcoach.trajectory.dataset import DatasetBatch, iterate_dataset
+from rlcoach.trajectory.trajectories import (
     ChatRecord,
     ClientChoice,
     History,
@@ -52,7 +54,8 @@ from rlcoach.types import (
     save_groups,
     tool_message,
 )
-from rlcoach.usage import ModelUsage
+
+_moved.install()
 
 __version__ = "0.1.0"
 
@@ -132,7 +135,7 @@ def __getattr__(name: str) -> object:
     if name == "dev":  # ART's `art.dev.InternalModelConfig(...)` and friends (dev.py)
         import importlib
 
-        return importlib.import_module("rlcoach.dev")
+        return importlib.import_module("rlcoach.compat.dev")
     if name in _ART_NAMES:
         raise AttributeError(
             f"module 'rlcoach' has no attribute {name!r} (an OpenPipe ART name): {_ART_NAMES[name]}"

@@ -109,8 +109,8 @@ def serve(
     from pydantic import ValidationError
 
     from rlcoach.errors import RLCoachError
-    from rlcoach.serve_config import ServeConfig
-    from rlcoach.server import serve
+    from rlcoach.serve.serve_config import ServeConfig
+    from rlcoach.serve.server import serve
 
     try:
         extra = {"base_model": base_model} if base_model else {}
@@ -169,11 +169,11 @@ def sft(
     """Fine-tune a model's LoRA on conversations (assistant turns only) as one step."""
     from pydantic import ValidationError
 
-    from rlcoach.backend import LocalBackend
-    from rlcoach.bundled import BUNDLED_MODEL
+    from rlcoach.backend.local import LocalBackend
     from rlcoach.config import SFTConfig
     from rlcoach.errors import RLCoachError
     from rlcoach.model import TrainableModel
+    from rlcoach.models.bundled import BUNDLED_MODEL
     from rlcoach.trainer.sft import load_sft_file
 
     async def run() -> str:
@@ -211,7 +211,7 @@ def report(
 ) -> None:
     """Write a static HTML report of a run: curves, a table per step, trajectories."""
     from rlcoach.errors import RLCoachError
-    from rlcoach.report import write_report
+    from rlcoach.observe.report import write_report
 
     try:
         path = write_report(run, samples_per_step=samples, tokenizer=tokenizer, output=output)

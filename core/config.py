@@ -14,7 +14,6 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rlcoach.errors import ConfigError
-from rlcoach.placement import PlacementConfig
 from rlcoach.validation import Config, config_error
 
 __all__ = [
@@ -67,7 +66,7 @@ class LoraConfig(_Strict):
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     target_modules: list[str] | Literal["auto", "all-linear"] = "auto"
     """Module names, peft's "all-linear", or "auto": the model family's attention and MLP
-    projections (`rlcoach.families`), "all-linear" for an unlisted family."""
+    projections (`rlcoach.models.families`), "all-linear" for an unlisted family."""
 
 
 class TrainConfig(_Strict):
@@ -162,6 +161,22 @@ class SFTConfig(_Strict):
     """Shuffles the sequences each epoch (a pure function of the seed and the epoch)."""
 
 
+class PlacementConfig(Config):
+    """GPU indices for serving and training; empty lists are derived (module docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    serve_gpus: list[int] = Field(default_factory=list)
+    train_gpus: list[int] = Field(default_factory=list)
+    tensor_parallel: int | None = Field(None, ge=1)
+    """vLLM tensor-parallel size; None: all serving GPUs divided by `data_parallel`."""
+    data_parallel: int = Field(1, ge=1)
+    """vLLM data-parallel replicas across the serving GPUs."""
+    cpu_train_ranks: int = Field(0, ge=0, le=64)
+    """Train on this many CPU ranks (torchrun, gloo, FSDP2) where no GPU is visible; 0 or
+    1: the single-process trainer. For testing the distributed trainer without GPUs."""
+
+
 class EngineConfig(_Strict):
     """The inference engine behind the policy endpoint."""
 
@@ -197,7 +212,7 @@ class EngineConfig(_Strict):
     whole GPU, and rollouts wait while it trains. GPU only: vLLM has no sleep mode on
     the CPU."""
     tool_call_parser: str | None = None
-    """vLLM tool parser; None: the model family's (`rlcoach.families`), else "hermes"."""
+    """vLLM tool parser; None: the model family's (`rlcoach.models.families`), else "hermes"."""
     reasoning_parser: str | None = None
     """vLLM reasoning parser; None: the model family's (Qwen3: "qwen3"); "none": off."""
     chat_template: Path | None = None
@@ -208,9 +223,9 @@ class EngineConfig(_Strict):
     request_timeout_s: float = Field(600.0, gt=0.0)
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     """Weights' dtype in the engine; "auto": the checkpoint's, but float32 on a CPU without
-    fast bf16 (`rlcoach.hardware`)."""
+    fast bf16 (`rlcoach.runtime.hardware`)."""
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
-    """Which GPUs serve and which train (`rlcoach.placement`); derived when left empty."""
+    """Which GPUs serve and which train (`rlcoach.runtime.placement`); derived when left empty."""
 
     @model_validator(mode="after")
     def _template_exists(self) -> EngineConfig:

@@ -20,20 +20,20 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 import httpx
 from pydantic import BaseModel
 
-from rlcoach.art_config import internal_config, train_options
-from rlcoach.base_model import parse_hub_id
-from rlcoach.bundled import BUNDLED_MODEL
-from rlcoach.capture import CapturedRollout, ClientRecorder
+from rlcoach.compat.art_config import internal_config, train_options
 from rlcoach.config import SFTConfig, TrainConfig, check_name, parse_config
+from rlcoach.endpoint.gateway import ROLLOUT_HEADER
 from rlcoach.errors import ConfigError
-from rlcoach.gateway import ROLLOUT_HEADER
-from rlcoach.rollout import Rollout, current_rollout_id
-from rlcoach.types import ChatRecord, Scalar, Trajectory, TrajectoryGroup
+from rlcoach.models.base_model import parse_hub_id
+from rlcoach.models.bundled import BUNDLED_MODEL
+from rlcoach.rollout.capture import CapturedRollout, ClientRecorder
+from rlcoach.rollout.scope import Rollout, current_rollout_id
+from rlcoach.trajectory.trajectories import ChatRecord, Scalar, Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
-    from rlcoach.backend import Backend, StepResult
+    from rlcoach.backend.local import Backend, StepResult
 
 __all__ = ["Model", "PendingStep", "TrainableModel"]
 
@@ -112,7 +112,7 @@ class Model:
         if self.api_key_env is None:
             # A model behind an `rlcoach serve` this process talks to (e.g. a judge on the
             # policy endpoint's base weights) gets that server's key; any other URL, none.
-            from rlcoach.remote import key_for_url
+            from rlcoach.serve.remote import key_for_url
 
             return key_for_url(self.base_url) or "none"
         key = os.environ.get(self.api_key_env)
@@ -388,7 +388,7 @@ class TrainableModel(Model):
                 "evaluations yet; fix: record them with a LocalBackend, or score them "
                 "yourself and keep the groups with save_groups(path, groups)"
             )
-        from rlcoach.evaluation import as_groups, check_split
+        from rlcoach.backend.evaluation import as_groups, check_split
 
         await log(
             self,

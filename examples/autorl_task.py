@@ -31,9 +31,9 @@ from rlcoach.autorl import (
     split_records,
 )
 from rlcoach.autorl.embeddings import minilm_embedder
-from rlcoach.dataset import iterate_dataset
+from rlcoach.models.usage import ModelUsage
 from rlcoach.ruler import RulerConfig, after_each, score_group
-from rlcoach.usage import ModelUsage
+from rlcoach.trajectory.dataset import iterate_dataset
 
 TASK = "A calculator assistant: the user asks for the sum of two numbers and gets the sum."
 

@@ -40,9 +40,9 @@ from langgraph.prebuilt import ToolNode, tools_condition
 
 from rlcoach import BUNDLED_MODEL, LocalBackend, Model, TrainableModel, gather_trajectory_groups
 from rlcoach.autorl import GenerationError, InputRecord, generate_scenarios
-from rlcoach.dataset import iterate_dataset
 from rlcoach.integrations.langgraph import chat_model, rollout
 from rlcoach.ruler import after_each, judge_usage
+from rlcoach.trajectory.dataset import iterate_dataset
 
 # name, price in euros, units in stock. The first 16 are what training may ask about;
 # the last 8 are held out (only the evaluation asks about them).

@@ -18,10 +18,10 @@ import asyncio
 import random
 
 from rlcoach import BUNDLED_MODEL, LocalBackend, Model, TrainableModel, gather_trajectory_groups
-from rlcoach.dataset import iterate_dataset
 from rlcoach.demo.run import evaluate
 from rlcoach.demo.task import RUBRIC, run_question, split_questions
 from rlcoach.ruler import after_each, judge_usage
+from rlcoach.trajectory.dataset import iterate_dataset
 
 
 def random_rewards(seed: int):

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
-from rlcoach.bundled import cache_dir
+from rlcoach.models.bundled import cache_dir
 from rlcoach.validation import Config
 
 __all__ = ["RulerConfig", "default_cache_dir"]

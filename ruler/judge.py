@@ -17,14 +17,14 @@ import logging
 import math
 from typing import Any
 
-from rlcoach.answers import json_object
 from rlcoach.errors import AnswerError, RLCoachError
 from rlcoach.model import Model
+from rlcoach.models.answers import json_object
 from rlcoach.ruler.cache import JudgeCache
 from rlcoach.ruler.config import RulerConfig
 from rlcoach.ruler.render import RenderedGroup
 from rlcoach.ruler.types import JudgeUsage
-from rlcoach.types import Message
+from rlcoach.trajectory.trajectories import Message
 
 __all__ = [
     "AnswerError",

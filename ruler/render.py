@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rlcoach.errors import ConfigError
-from rlcoach.recording import content_text, message_key
-from rlcoach.types import Message, Tool, Trajectory, is_tool_error
+from rlcoach.trajectory.histories import content_text, message_key
+from rlcoach.trajectory.trajectories import Message, Tool, Trajectory, is_tool_error
 
 __all__ = ["Candidate", "RenderedGroup", "render_group", "render_message", "render_tools"]
 

@@ -29,15 +29,15 @@ from typing import Any
 
 from rlcoach.config import parse_config
 from rlcoach.errors import ConfigError
-from rlcoach.gather import AfterEach
 from rlcoach.model import Model
-from rlcoach.providers import as_model
+from rlcoach.models.providers import as_model
+from rlcoach.rollout.gather import AfterEach
 from rlcoach.ruler.config import RulerConfig
 from rlcoach.ruler.judge import JudgeError, JudgeSession
 from rlcoach.ruler.render import Candidate, render_group
 from rlcoach.ruler.rubric import DEFAULT_RUBRIC
 from rlcoach.ruler.types import JudgeScore, JudgeUsage
-from rlcoach.types import Message, RolloutFailure, Tool, TrajectoryGroup, Verdict
+from rlcoach.trajectory.trajectories import Message, RolloutFailure, Tool, TrajectoryGroup, Verdict
 
 __all__ = ["after_each", "judge_usage", "score", "score_candidates", "score_group"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlcoach.usage import ModelUsage
+from rlcoach.models.usage import ModelUsage
 
 __all__ = ["JudgeScore", "JudgeUsage"]
 

@@ -17,7 +17,7 @@ from rlcoach import Model
 
 @pytest.fixture(scope="session")
 def model_path() -> Path:
-    from rlcoach.bundled import bundled_model_path
+    from rlcoach.models.bundled import bundled_model_path
 
     return bundled_model_path()
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from rlcoach import SampledChoice, Trajectory, TrajectoryGroup
-from rlcoach.hardware import CPU_BF16_ENV, fast_bf16
+from rlcoach.runtime.hardware import CPU_BF16_ENV, fast_bf16
 from rlcoach.trainer.step import collect_sequences, row_loss_terms
 
 # fp32: the same sums in another order, so rounding only (an absolute bound on each

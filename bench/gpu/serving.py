@@ -38,7 +38,7 @@ from pathlib import Path
 import httpx
 
 from rlcoach import LocalBackend, TrainableModel
-from rlcoach.types import SampledChoice, Trajectory, TrajectoryGroup
+from rlcoach.trajectory.trajectories import SampledChoice, Trajectory, TrajectoryGroup
 
 LOADGEN = Path(__file__).resolve().parents[1] / "gateway_overhead.py"
 

@@ -27,7 +27,7 @@ Measured per mode: seconds per step and RL steps per hour over the timed steps; 
 busy % from NVML (`torch.cuda.utilization`, else `nvidia-smi -lms`), sampled every 100
 ms, overall and per phase of the timeline (rollout only, train only, both at once,
 publish, sleep/wake, idle); trainer and generation tokens/s; publish and sleep/wake
-seconds; staleness; peak memory beside the estimate of `rlcoach.memory` for the mode.
+seconds; staleness; peak memory beside the estimate of `rlcoach.runtime.memory` for the mode.
 An ASCII strip per mode shows the timeline (R rollout, T train, B both, P publish, S
 sleep/wake, . idle; the digit under it is GPU busy in tenths).
 
@@ -437,12 +437,12 @@ async def run_ours(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _plan(args: argparse.Namespace, colocation: str) -> dict[str, Any] | None:
-    """`rlcoach.memory`'s estimate for this mode, to print beside the measured peaks."""
+    """`rlcoach.runtime.memory`'s estimate for this mode, to print beside the measured peaks."""
     import torch
 
     if not torch.cuda.is_available():
         return None
-    from rlcoach.memory import ModelShape, plan_memory
+    from rlcoach.runtime.memory import ModelShape, plan_memory
 
     engine = _engine_config(args, colocation == "sleep")
     plan = plan_memory(
@@ -724,7 +724,7 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
 def fit(args: argparse.Namespace) -> None:
     """The memory estimate for each Qwen3 shape and mode at 16K tokens per step on an
     H200 (139 GiB), at the best `gpu_memory_utilization` for each."""
-    from rlcoach.memory import GiB, ModelShape, plan_memory
+    from rlcoach.runtime.memory import GiB, ModelShape, plan_memory
 
     gpu = args.gpu_gib * GiB
     print(f"memory plan at {args.tokens} tokens per pass, one {args.gpu_gib} GiB GPU, LoRA r16")
@@ -807,7 +807,7 @@ def main() -> None:
             asyncio.run(run_ours(args))
         return
     if args.model is None:
-        from rlcoach.bundled import bundled_model_path
+        from rlcoach.models.bundled import bundled_model_path
 
         tokenizer = args.tokenizer or bundled_model_path()
         args.model = str(Path(tempfile.gettempdir()) / f"rlcoach-step-{args.shape}")

@@ -116,7 +116,7 @@ def _profile(step) -> None:
 def run_ours(args: argparse.Namespace) -> dict[str, object]:
     from rlcoach.config import TrainConfig
     from rlcoach.trainer.lora import LoraTrainer
-    from rlcoach.types import SampledChoice, Trajectory, TrajectoryGroup
+    from rlcoach.trajectory.trajectories import SampledChoice, Trajectory, TrajectoryGroup
 
     data = _inputs(args.batch, args.prompt, args.completion, args.shared_prompt)
     vocab = json.loads(Path(args.model, "config.json").read_text())["vocab_size"]

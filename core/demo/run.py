@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
-from rlcoach.backend import LocalBackend
-from rlcoach.dataset import iterate_dataset
+from rlcoach.backend.local import LocalBackend
 from rlcoach.demo.task import Question, run_question, split_questions
-from rlcoach.gather import gather_trajectory_groups
 from rlcoach.model import TrainableModel
 from rlcoach.paths import append_jsonl
+from rlcoach.rollout.gather import gather_trajectory_groups
+from rlcoach.trajectory.dataset import iterate_dataset
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI

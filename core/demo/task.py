@@ -20,13 +20,13 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rlcoach.types import tool_message
+from rlcoach.trajectory.trajectories import tool_message
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
     from rlcoach.model import TrainableModel
-    from rlcoach.types import Trajectory
+    from rlcoach.trajectory.trajectories import Trajectory
 
 __all__ = [
     "ADD_TOOL",

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-from rlcoach import fastjson
+from rlcoach.engines import fastjson
 from rlcoach.errors import EngineError
 
 __all__ = ["EngineConnectionError", "EngineHTTP", "EngineResponse", "EngineStatusError"]

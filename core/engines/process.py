@@ -17,7 +17,7 @@ Choices, and why:
 - Children get this process's environment minus rlcoach's own secrets
   (`child_environment`): the engine has no use for the server's API key.
 - The child gets SIGKILL when the thread that spawned it dies, and a watchdog kills its
-  whole process group when this process dies (`rlcoach.processes`), so a `kill -9` of
+  whole process group when this process dies (`rlcoach.runtime.processes`), so a `kill -9` of
   `rlcoach serve` leaves no engine behind.
 - A start that times out kills what it started but keeps the client, so the supervisor's
   next `restart()` can succeed.
@@ -40,8 +40,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from rlcoach import fastjson
 from rlcoach.config import EngineConfig
+from rlcoach.engines import fastjson
 from rlcoach.engines.base import EngineHTTPError
 from rlcoach.engines.http import (
     EngineConnectionError,
@@ -50,7 +50,7 @@ from rlcoach.engines.http import (
     EngineStatusError,
 )
 from rlcoach.errors import ConfigError, EngineError, EngineStartError
-from rlcoach.processes import kill_group, log_tail, parent_death_signal, watch_group
+from rlcoach.runtime.processes import kill_group, log_tail, parent_death_signal, watch_group
 
 __all__ = ["SECRET_VARIABLES", "EngineProcess", "child_environment"]
 

@@ -21,10 +21,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from rlcoach.chat_template import parse_tool_calls
 from rlcoach.engines.base import EngineHTTPError
-from rlcoach.hardware import fast_bf16
-from rlcoach.stream import completion_events
+from rlcoach.engines.stream import completion_events
+from rlcoach.models.chat_template import parse_tool_calls
+from rlcoach.runtime.hardware import fast_bf16
 
 __all__ = ["TransformersEngine"]
 

@@ -32,9 +32,9 @@ from typing import Any
 from rlcoach.config import EngineConfig
 from rlcoach.engines.base import EngineHTTPError
 from rlcoach.engines.process import EngineProcess
-from rlcoach.failpoints import failpoint
-from rlcoach.families import fallback_chat_template
+from rlcoach.models.families import fallback_chat_template
 from rlcoach.paths import write_text_atomic
+from rlcoach.runtime.failpoints import failpoint
 
 __all__ = ["TransformersProcessEngine", "main"]
 

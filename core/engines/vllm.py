@@ -21,9 +21,9 @@ from pathlib import Path
 from rlcoach.config import EngineConfig
 from rlcoach.engines.process import EngineProcess
 from rlcoach.errors import EngineError, EngineStartError
-from rlcoach.families import fallback_chat_template, family_of
+from rlcoach.models.families import fallback_chat_template, family_of
 from rlcoach.paths import write_text_atomic
-from rlcoach.placement import Placement, resolve_placement
+from rlcoach.runtime.placement import Placement, resolve_placement
 
 __all__ = ["VLLMEngine", "on_gpu"]
 
@@ -121,7 +121,7 @@ class VLLMEngine(EngineProcess):
         vLLM CPU's bf16 sampling ran 3.4x slower than fp32 here (AVX2, no bf16 units)."""
         if self.config.dtype != "auto" or on_gpu():
             return self.config.dtype
-        from rlcoach.hardware import fast_bf16
+        from rlcoach.runtime.hardware import fast_bf16
 
         return "auto" if fast_bf16("cpu") else "float32"
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from rlcoach.config import TrainConfig
-    from rlcoach.types import TrajectoryGroup
+    from rlcoach.trajectory.trajectories import TrajectoryGroup
 
 __all__ = ["SFTStats", "StepStats", "Trainer"]
 

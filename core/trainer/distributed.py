@@ -68,9 +68,9 @@ from typing import Any, Literal, NoReturn
 from rlcoach.config import TrainConfig
 from rlcoach.errors import CheckpointError, ConfigError, TrainerError, TrainingDataError
 from rlcoach.paths import write_text_atomic
-from rlcoach.processes import parent_death_signal
+from rlcoach.runtime.processes import parent_death_signal
 from rlcoach.trainer.base import StepStats
-from rlcoach.types import TrajectoryGroup
+from rlcoach.trajectory.trajectories import TrajectoryGroup
 
 __all__ = ["RANK_MODULE", "DistributedTrainer"]
 

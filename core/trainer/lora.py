@@ -32,8 +32,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rlcoach.config import TrainConfig
-from rlcoach.families import lora_targets
-from rlcoach.hardware import autocast
+from rlcoach.models.families import lora_targets
+from rlcoach.runtime.hardware import autocast
 from rlcoach.trainer.attention import (
     SEGMENT_ATTENTION,
     register_segment_attention,
@@ -55,7 +55,7 @@ from rlcoach.trainer.sequences import (
     share_prefixes,
 )
 from rlcoach.trainer.step import grpo_step
-from rlcoach.types import TrajectoryGroup
+from rlcoach.trajectory.trajectories import TrajectoryGroup
 
 __all__ = [
     "LoraTrainer",

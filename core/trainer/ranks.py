@@ -26,7 +26,7 @@ import torch
 
 from rlcoach.config import TrainConfig
 from rlcoach.errors import CheckpointError, ConfigError, TrainingDataError
-from rlcoach.hardware import autocast
+from rlcoach.runtime.hardware import autocast
 from rlcoach.trainer.base import StepStats
 from rlcoach.trainer.checkpoint import full_tensor, load_checkpoint, save_optimizer_state
 from rlcoach.trainer.lora import build_lora_model, build_optimizer, chunked_token_logprobs
@@ -40,7 +40,7 @@ from rlcoach.trainer.sequences import (
     share_prefixes,
 )
 from rlcoach.trainer.step import grpo_step
-from rlcoach.types import TrajectoryGroup
+from rlcoach.trajectory.trajectories import TrajectoryGroup
 
 __all__ = ["TOKEN_VARIABLE", "main", "split_by_tokens"]
 

@@ -39,11 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlcoach.chat_template import template_messages
 from rlcoach.errors import TrainingDataError
-from rlcoach.families import family_of
-from rlcoach.recording import content_text
-from rlcoach.types import ClientChoice, History, SampledChoice, TrajectoryGroup
+from rlcoach.models.chat_template import template_messages
+from rlcoach.models.families import family_of
+from rlcoach.trajectory.histories import content_text
+from rlcoach.trajectory.trajectories import ClientChoice, History, SampledChoice, TrajectoryGroup
 
 __all__ = [
     "CLIENT_POLICY",

@@ -37,7 +37,7 @@ import torch
 
 from rlcoach.errors import TrainingDataError
 from rlcoach.trainer.render import CLIENT_POLICY
-from rlcoach.types import SampledChoice, Trajectory
+from rlcoach.trajectory.trajectories import SampledChoice, Trajectory
 
 __all__ = [
     "MIN_SHARED_TOKENS",

@@ -35,14 +35,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlcoach.chat_template import template_messages
 from rlcoach.config import SFTConfig
 from rlcoach.errors import TrainingDataError
-from rlcoach.failpoints import poison
+from rlcoach.models.chat_template import template_messages
+from rlcoach.runtime.failpoints import poison
 from rlcoach.trainer.base import SFTStats
 from rlcoach.trainer.sequences import TrainSequence, build_sequences, pack_sequences
 from rlcoach.trainer.step import finite_update
-from rlcoach.types import ChatRecord, Trajectory, TrajectoryGroup
+from rlcoach.trajectory.trajectories import ChatRecord, Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from rlcoach.trainer.lora import LoraTrainer

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import torch
 
 from rlcoach.config import TrainConfig
-from rlcoach.failpoints import poison
+from rlcoach.runtime.failpoints import poison
 from rlcoach.trainer.base import StepStats
 from rlcoach.trainer.checkpoint import is_sharded
 from rlcoach.trainer.objective import (
@@ -44,7 +44,7 @@ from rlcoach.trainer.objective import (
     policy_loss,
 )
 from rlcoach.trainer.sequences import PackedRow, TrainSequence, build_sequences
-from rlcoach.types import TrajectoryGroup
+from rlcoach.trajectory.trajectories import TrajectoryGroup
 
 __all__ = [
     "StepParts",

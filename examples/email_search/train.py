@@ -31,7 +31,7 @@ from email_search.mailbox import TOOLS, Mailbox, Question, Trace, answer_right, 
 from email_search.mailbox import reward as tiered_reward
 from gallery import loop
 
-from rlcoach.types import ChatRecord, tool_message
+from rlcoach.trajectory.trajectories import ChatRecord, tool_message
 
 SYSTEM = (
     "You answer questions about the user's emails. Search the mailbox with "

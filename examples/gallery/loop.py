@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from rlcoach import BUNDLED_MODEL, LocalBackend, TrainableModel, gather_trajectory_groups
-from rlcoach.dataset import iterate_dataset
 from rlcoach.paths import append_jsonl
-from rlcoach.types import ChatRecord
+from rlcoach.trajectory.dataset import iterate_dataset
+from rlcoach.trajectory.trajectories import ChatRecord
 
 Attempt = Callable[[TrainableModel, Any, Any], Awaitable[Any]]
 """One rollout: (model, OpenAI client, instance) -> a scored `Trajectory`."""

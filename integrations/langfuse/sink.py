@@ -1,7 +1,7 @@
 """The Langfuse sink: rollouts as traces, judge verdicts as scores, steps as traces.
 
 For each training step it gets the groups (before the step) and the metrics record
-(after it), on its own thread (see `rlcoach.sinks`), and sends through the official SDK:
+(after it), on its own thread (see `rlcoach.observe.sinks`), and sends through the official SDK:
 
 - each rollout a trace named `<project>/<model>/<step>`, in the session `<project>/<model>`,
   tagged with project, model, `step:<n>` and your tags; its metadata is the scenario's
@@ -40,10 +40,10 @@ from pydantic import ConfigDict, Field
 
 from rlcoach.config import parse_config
 from rlcoach.errors import ConfigError
-from rlcoach.recording import content_text
-from rlcoach.sinks import RunInfo
-from rlcoach.timeline import PolicyCall, ToolCall, timeline
-from rlcoach.types import Message, Trajectory, TrajectoryGroup, Verdict
+from rlcoach.observe.sinks import RunInfo
+from rlcoach.trajectory.histories import content_text
+from rlcoach.trajectory.timeline import PolicyCall, ToolCall, timeline
+from rlcoach.trajectory.trajectories import Message, Trajectory, TrajectoryGroup, Verdict
 from rlcoach.validation import Config
 
 __all__ = ["STEP_SCORES", "LangfuseConfig", "LangfuseSink", "trace_id"]
@@ -157,7 +157,7 @@ def _ns(seconds: float) -> int:
 
 
 class LangfuseSink:
-    """A `rlcoach.sinks.Sink` that sends rollouts and steps to Langfuse."""
+    """A `rlcoach.observe.sinks.Sink` that sends rollouts and steps to Langfuse."""
 
     name = "langfuse"
 

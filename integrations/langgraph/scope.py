@@ -9,7 +9,7 @@ The calls are captured by the gateway (see `chat.py`); on exit the recorded exch
 become the trajectory. The main history is the conversation the graph's final state
 continues — the one the user sees — so `record_state` decides it: the history sharing
 the most messages with the final state, never a router's structured-output exchange
-over a free conversation (rlcoach.recording states the rule; without `record_state`,
+over a free conversation (rlcoach.trajectory.histories states the rule; without `record_state`,
 the history of the last call). Calls that do not extend it (sub-agents, summarisers,
 routers) are additional histories. What the gateway cannot see is what happened after
 the last policy call (tool results of a run cut off by `recursion_limit`, a final
@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 
 from rlcoach import Rollout, Trajectory
 from rlcoach.errors import ConfigError
-from rlcoach.recording import message_key
-from rlcoach.types import TOOL_ERROR_KEY
+from rlcoach.trajectory.histories import message_key
+from rlcoach.trajectory.trajectories import TOOL_ERROR_KEY
 
 if TYPE_CHECKING:
     from rlcoach import TrainableModel
-    from rlcoach.types import Message, Scalar
+    from rlcoach.trajectory.trajectories import Message, Scalar
 
 __all__ = ["GraphRollout", "rollout", "rollout_fn", "to_openai_messages"]
 

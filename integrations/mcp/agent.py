@@ -39,7 +39,7 @@ from rlcoach.config import parse_config
 from rlcoach.errors import ConfigError, RLCoachError
 from rlcoach.integrations.mcp.connection import Connection, ServerSpec, connect
 from rlcoach.integrations.mcp.tools import ToolSet
-from rlcoach.types import Message, Tool, Trajectory, tool_message
+from rlcoach.trajectory.trajectories import Message, Tool, Trajectory, tool_message
 from rlcoach.validation import Config
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from typing import Annotated, Any
 
 import typer
 
-from rlcoach.bundled import BUNDLED_MODEL
+from rlcoach.models.bundled import BUNDLED_MODEL
 
 app = typer.Typer(help="Train tool use against an MCP server.", no_args_is_help=True)
 

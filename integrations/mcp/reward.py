@@ -33,11 +33,11 @@ from rlcoach.errors import ConfigError
 from rlcoach.integrations.mcp.agent import AgentRun, tool_use_check
 from rlcoach.integrations.mcp.tools import ToolSet
 from rlcoach.ruler import JudgeError, JudgeUsage, RulerConfig, score
-from rlcoach.types import Message, Trajectory, TrajectoryGroup, Verdict
+from rlcoach.trajectory.trajectories import Message, Trajectory, TrajectoryGroup, Verdict
 
 if TYPE_CHECKING:
-    from rlcoach.gather import AfterEach
     from rlcoach.model import Model
+    from rlcoach.rollout.gather import AfterEach
 
 __all__ = ["TOOL_USE_RUBRIC", "grounded_check", "judged_messages", "ruler_rewards"]
 

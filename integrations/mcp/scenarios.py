@@ -28,8 +28,8 @@ from rlcoach.integrations.mcp.explore import Exploration, explore
 from rlcoach.integrations.mcp.safety import ToolSafety
 from rlcoach.integrations.mcp.tools import ToolSet
 from rlcoach.model import Model
-from rlcoach.types import ChatRecord, Message
-from rlcoach.usage import ModelUsage
+from rlcoach.models.usage import ModelUsage
+from rlcoach.trajectory.trajectories import ChatRecord, Message
 
 __all__ = ["blend_generated", "server_scenarios", "worked_examples"]
 

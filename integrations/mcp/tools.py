@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlcoach.errors import RLCoachError
-from rlcoach.types import Tool
+from rlcoach.trajectory.trajectories import Tool
 
 __all__ = ["CallCheck", "SchemaError", "ToolSet", "convert_tools"]
 

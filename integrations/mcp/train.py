@@ -30,11 +30,8 @@ from tqdm.auto import tqdm
 from rlcoach.autorl.grounded import answer_facts, split_by_call
 from rlcoach.autorl.split import load_records, save_dataset
 from rlcoach.autorl.types import InputRecord
-from rlcoach.backend import LocalBackend
-from rlcoach.bundled import BUNDLED_MODEL
-from rlcoach.dataset import iterate_dataset
+from rlcoach.backend.local import LocalBackend
 from rlcoach.errors import ConfigError
-from rlcoach.gather import gather_trajectory_groups
 from rlcoach.integrations.mcp.agent import (
     AgentConfig,
     Check,
@@ -50,9 +47,12 @@ from rlcoach.integrations.mcp.safety import ToolSafety, judge_tool
 from rlcoach.integrations.mcp.scenarios import blend_generated, server_scenarios, worked_examples
 from rlcoach.integrations.mcp.tools import ToolSet, convert_tools
 from rlcoach.model import Model, TrainableModel
+from rlcoach.models.bundled import BUNDLED_MODEL
+from rlcoach.models.usage import ModelUsage
 from rlcoach.paths import RunPaths, append_jsonl, write_text_atomic
-from rlcoach.types import ChatRecord, Message, TrajectoryGroup, save_groups
-from rlcoach.usage import ModelUsage
+from rlcoach.rollout.gather import gather_trajectory_groups
+from rlcoach.trajectory.dataset import iterate_dataset
+from rlcoach.trajectory.trajectories import ChatRecord, Message, TrajectoryGroup, save_groups
 from rlcoach.validation import Config
 
 __all__ = [

@@ -1,6 +1,6 @@
 """Weights & Biases (`rlcoach.integrations.wandb`, extra `[wandb]`): charts and tables.
 
-A sink plug-in (`rlcoach.sinks`): every step's metrics on a `training_step` axis, the
+A sink plug-in (`rlcoach.observe.sinks`): every step's metrics on a `training_step` axis, the
 training config as the run's config, and a table of sampled trajectories per step.
 
     LocalBackend(sinks=["wandb"])                                   # online, your login

@@ -10,7 +10,7 @@ answer, tool calls, the judge's explanation and the logs, the policy that sample
 
 Offline mode (`mode="offline"` or `WANDB_MODE=offline`) writes the run under the run
 folder's `wandb/` and needs no account; `wandb sync` uploads it later. It runs on the sink
-thread (see `rlcoach.sinks`), so a slow upload never holds a step back.
+thread (see `rlcoach.observe.sinks`), so a slow upload never holds a step back.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from pydantic import ConfigDict, Field
 
 from rlcoach.config import parse_config
 from rlcoach.errors import ConfigError
-from rlcoach.recording import content_text
-from rlcoach.sinks import RunInfo
-from rlcoach.timeline import timeline
-from rlcoach.types import Trajectory, TrajectoryGroup
+from rlcoach.observe.sinks import RunInfo
+from rlcoach.trajectory.histories import content_text
+from rlcoach.trajectory.timeline import timeline
+from rlcoach.trajectory.trajectories import Trajectory, TrajectoryGroup
 from rlcoach.validation import Config
 
 __all__ = ["TABLE_COLUMNS", "WandbConfig", "WandbSink"]
@@ -106,7 +106,7 @@ def _row(step: int, number: int, mean: float, trajectory: Trajectory, limit: int
 
 
 class WandbSink:
-    """A `rlcoach.sinks.Sink` that logs to a W&B run."""
+    """A `rlcoach.observe.sinks.Sink` that logs to a W&B run."""
 
     name = "wandb"
 

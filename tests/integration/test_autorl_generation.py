@@ -19,7 +19,7 @@ from rlcoach.autorl import (
     split_records,
 )
 from rlcoach.demo.task import ADD_TOOL
-from rlcoach.usage import ModelUsage
+from rlcoach.models.usage import ModelUsage
 
 pytestmark = pytest.mark.vllm
 

@@ -5,7 +5,7 @@ built from its config; trajectories carry random token ids with rewards that var
 groups, one group without variance (skipped). Nothing is faked: the ranks are real
 torchrun processes, and the single-process `LoraTrainer` is the reference. The exact
 comparisons pin fp32 with RLCOACH_CPU_BF16=0 (see `ranks`); the killed-rank test takes
-the dtype `rlcoach.hardware` decides, with that dtype's tolerance (`_assert_stats_agree`).
+the dtype `rlcoach.runtime.hardware` decides, with that dtype's tolerance (`_assert_stats_agree`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tiny_llama import tiny_groups
 from rlcoach import LocalBackend, TrainableModel
 from rlcoach.config import LoraConfig, TrainConfig
 from rlcoach.errors import CheckpointError, TrainerError
-from rlcoach.hardware import CPU_BF16_ENV, fast_bf16
+from rlcoach.runtime.hardware import CPU_BF16_ENV, fast_bf16
 from rlcoach.trainer import distributed
 from rlcoach.trainer import ranks as ranks_module
 from rlcoach.trainer.base import StepStats, Trainer
@@ -188,7 +188,7 @@ def test_checkpoint_is_written_once_and_resumes(tiny_model, ranks, fp32, tmp_pat
 async def test_a_killed_rank_fails_the_next_step_clearly_and_is_replaced(tiny_model, tmp_path):
     """Through LocalBackend's trainer cache (the seam of test_trainer_cache: a model path
     set by hand, so no engine is started): `cpu_train_ranks=2` makes the ranks, in the
-    dtype `rlcoach.hardware` decides here; their first step matches the single process's
+    dtype `rlcoach.runtime.hardware` decides here; their first step matches the single process's
     within that dtype's tolerance, then a rank is killed."""
     backend = LocalBackend(
         tmp_path, engine={"kind": "transformers", "placement": {"cpu_train_ranks": 2}}

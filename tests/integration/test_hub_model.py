@@ -18,8 +18,8 @@ from rlcoach import (
     TrajectoryGroup,
     gather_trajectory_groups,
 )
-from rlcoach.report import write_report
-from rlcoach.sinks import RunInfo
+from rlcoach.observe.report import write_report
+from rlcoach.observe.sinks import RunInfo
 
 
 class RecordingSink:

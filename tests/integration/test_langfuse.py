@@ -23,9 +23,9 @@ from langfuse_receiver import LangfuseReceiver
 
 from rlcoach import History, RolloutFailure, SampledChoice, Trajectory, TrajectoryGroup, load_groups
 from rlcoach.integrations.langfuse import trace_id
+from rlcoach.observe.sinks import SinkConfig, open_sinks, rollout_metrics, run_info
 from rlcoach.ruler import RulerConfig, score_group
-from rlcoach.sinks import SinkConfig, open_sinks, rollout_metrics, run_info
-from rlcoach.types import tool_message
+from rlcoach.trajectory.trajectories import tool_message
 
 ROOT = Path(__file__).resolve().parents[2]
 ADD = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}

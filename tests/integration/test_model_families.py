@@ -2,7 +2,7 @@
 
 For each family a tiny model of its architecture with random weights is built from its
 config (nothing downloaded), with a tokenizer that carries the family's control tokens and
-the family's chat template (`rlcoach.families`). Then, on the real vLLM server behind the
+the family's chat template (`rlcoach.models.families`). Then, on the real vLLM server behind the
 policy endpoint: a two-turn tool-calling rollout, one GRPO step that changes the LoRA,
 and the new adapter served.
 
@@ -29,8 +29,8 @@ import openai
 import pytest
 
 from rlcoach import LocalBackend, TrainableModel, TrajectoryGroup
-from rlcoach.chat_template import template_messages
-from rlcoach.families import FAMILIES, Family, family_named, family_of
+from rlcoach.models.chat_template import template_messages
+from rlcoach.models.families import FAMILIES, Family, family_named, family_of
 
 pytestmark = pytest.mark.vllm
 
@@ -108,7 +108,7 @@ def build_tiny_model(family: Family, folder: Path) -> Path:
     from tokenizers import AddedToken
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlcoach.bundled import bundled_model_path
+    from rlcoach.models.bundled import bundled_model_path
 
     config_class, extra, bos, eos = _BUILD[family.name]
     tokenizer = AutoTokenizer.from_pretrained(bundled_model_path())
@@ -286,8 +286,8 @@ async def test_gemma3_270m_base_model_trains_end_to_end(tmp_path_factory):
     trains and serves a new adapter."""
     from transformers import AutoTokenizer
 
-    from rlcoach.bundled import GEMMA3_270M, shipped_model_path
-    from rlcoach.types import ChatRecord
+    from rlcoach.models.bundled import GEMMA3_270M, shipped_model_path
+    from rlcoach.trajectory.trajectories import ChatRecord
 
     folder = shipped_model_path(GEMMA3_270M)
     assert family_of(folder) == family_named("gemma3")

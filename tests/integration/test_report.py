@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from rlcoach import BUNDLED_MODEL, SampledChoice, Trajectory, TrajectoryGroup, Verdict
-from rlcoach.sinks import SinkSet, rollout_metrics, run_info
+from rlcoach.observe.sinks import SinkSet, rollout_metrics, run_info
 
 CHROMIUM_FLAGS = [
     "--headless",
@@ -106,7 +106,7 @@ def _attempt(tokenizer, answer: str, reward: float, tool: bool) -> Trajectory:
 def run_dir(tmp_path_factory):
     from transformers import AutoTokenizer
 
-    from rlcoach.bundled import bundled_model_path
+    from rlcoach.models.bundled import bundled_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(bundled_model_path())
     root = tmp_path_factory.mktemp("runs")

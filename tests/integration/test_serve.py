@@ -20,9 +20,9 @@ from serve_process import KEY, ServeProcess
 
 from rlcoach import RemoteBackend, TrainableModel, Trajectory, TrajectoryGroup
 from rlcoach.errors import ConfigError, RemoteError, TrainingDataError
+from rlcoach.serve.wire import API_PREFIX, SFTRequest, TrainRequest
 from rlcoach.trainer.sft import SFTStats
-from rlcoach.types import ChatRecord
-from rlcoach.wire import API_PREFIX, SFTRequest, TrainRequest
+from rlcoach.trajectory.trajectories import ChatRecord
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 QUESTION = [{"role": "user", "content": "Say one word."}]

@@ -33,11 +33,11 @@ from serve_process import KEY, ServeProcess
 from rlcoach import RemoteBackend, SampledChoice, TrainableModel, Trajectory, TrajectoryGroup
 from rlcoach.config import EngineConfig
 from rlcoach.errors import ConfigError, EngineStartError, RemoteError, TrainingDataError
-from rlcoach.failpoints import FOLDER_VARIABLE, arm
 from rlcoach.paths import UNCOMMITTED
-from rlcoach.processes import free_port
-from rlcoach.types import ChatRecord
-from rlcoach.wire import API_PREFIX, TrainRequest
+from rlcoach.runtime.failpoints import FOLDER_VARIABLE, arm
+from rlcoach.runtime.processes import free_port
+from rlcoach.serve.wire import API_PREFIX, TrainRequest
+from rlcoach.trajectory.trajectories import ChatRecord
 
 QUESTION = [{"role": "user", "content": "Say one word."}]
 
@@ -78,7 +78,7 @@ def server(tmp_path_factory, tiny_model_path, certificate):
         extra += ["--ssl-certfile", str(certificate[0]), "--ssl-keyfile", str(certificate[1])]
         env, scheme = {"SSL_CERT_FILE": str(certificate[0])}, "https"
     folder = tmp_path_factory.mktemp("faults")
-    # Failpoints (core/failpoints.py) of the server and its engine are armed by a file here.
+    # Failpoints (core/runtime/failpoints.py) of the server and its engine are armed by a file here.
     server_env = {**env, FOLDER_VARIABLE: str(folder / "failpoints")}
     with pytest.MonkeyPatch.context() as patch:
         for name, value in env.items():  # httpx (and so RemoteBackend) trusts it

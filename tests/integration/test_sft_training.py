@@ -14,8 +14,8 @@ import sys
 import pytest
 
 from rlcoach import BUNDLED_MODEL, Model, TrainableModel
-from rlcoach.distill import collect_demonstrations, distill
-from rlcoach.types import ChatRecord
+from rlcoach.rollout.distill import collect_demonstrations, distill
+from rlcoach.trajectory.trajectories import ChatRecord
 
 pytestmark = pytest.mark.vllm
 

@@ -9,8 +9,8 @@ and their metrics lines carried the previous step's number.
 import json
 
 from rlcoach import LocalBackend, SampledChoice, TrainableModel, Trajectory, TrajectoryGroup
+from rlcoach.observe.report import _step_rows, read_run, write_report
 from rlcoach.paths import RunPaths
-from rlcoach.report import _step_rows, read_run, write_report
 
 
 def group(rewards: list[float], tag: str) -> TrajectoryGroup:

@@ -2,7 +2,7 @@
 the tiny random-weight model (tests/conftest.py), the real trainer, checkpoints, router
 and publish. Faults are real: a file-size limit (RLIMIT_FSIZE, the kernel refusing the
 write like a full disk would) on the optimizer state, a batch whose loss overflows, and
-failpoints (core/failpoints.py) raising at a point of the step or making the loss of
+failpoints (core/runtime/failpoints.py) raising at a point of the step or making the loss of
 one optimizer update NaN. The same commit point under kill -9 of `rlcoach serve` is in
 test_serve_faults.py.
 """
@@ -25,10 +25,10 @@ from rlcoach import (
     Trajectory,
     TrajectoryGroup,
 )
+from rlcoach.backend.step_commit import METRICS_RECORD
 from rlcoach.errors import CheckpointError
-from rlcoach.failpoints import FOLDER_VARIABLE, arm
 from rlcoach.paths import UNCOMMITTED
-from rlcoach.step_commit import METRICS_RECORD
+from rlcoach.runtime.failpoints import FOLDER_VARIABLE, arm
 from rlcoach.trainer.checkpoint import OPTIMIZER_FILE
 
 

@@ -13,7 +13,7 @@ import wandb
 
 from rlcoach import Trajectory, TrajectoryGroup, Verdict
 from rlcoach.integrations.wandb import TABLE_COLUMNS, WandbSink
-from rlcoach.sinks import SinkSet, rollout_metrics, run_info
+from rlcoach.observe.sinks import SinkSet, rollout_metrics, run_info
 
 BLOCK = 32 * 1024
 

@@ -6,8 +6,8 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from rlcoach.access import AccessGuard, check_exposure
 from rlcoach.errors import ConfigError
+from rlcoach.serve.access import AccessGuard, check_exposure
 
 
 def test_a_keyless_bind_beyond_loopback_needs_insecure():

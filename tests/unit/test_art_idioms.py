@@ -25,10 +25,10 @@ from rlcoach import (
     gather_trajectory_groups,
     iterate_dataset,
 )
-from rlcoach.art_config import internal_config, train_options
-from rlcoach.evaluation import eval_record
-from rlcoach.providers import provider_model
-from rlcoach.retention import read_metric, steps_to_keep
+from rlcoach.backend.evaluation import eval_record
+from rlcoach.backend.retention import read_metric, steps_to_keep
+from rlcoach.compat.art_config import internal_config, train_options
+from rlcoach.models.providers import provider_model
 from rlcoach.ruler import score_group
 
 

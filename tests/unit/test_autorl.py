@@ -24,7 +24,7 @@ from rlcoach.autorl import (
     save_dataset,
     split_records,
 )
-from rlcoach.usage import ModelUsage
+from rlcoach.models.usage import ModelUsage
 
 
 def records(*texts):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlcoach import ConfigError, TrainableModel
-from rlcoach.base_model import (
+from rlcoach.models.base_model import (
     hub_cache_dir,
     parse_hub_id,
     resolve_base_model,

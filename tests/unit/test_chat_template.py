@@ -2,7 +2,7 @@
 
 import json
 
-from rlcoach.chat_template import parse_tool_calls
+from rlcoach.models.chat_template import parse_tool_calls
 
 
 def test_calls_are_parsed_and_removed_from_the_text():

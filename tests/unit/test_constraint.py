@@ -4,14 +4,14 @@ import json
 
 import pytest
 
-from rlcoach.constraint import (
+from rlcoach.endpoint.constraint import (
     as_asked,
     forced_positions,
     normalize_tool_choice,
     sampling_constraint,
     tool_choice_problem,
 )
-from rlcoach.stream import CompletionAssembler, completion_events
+from rlcoach.engines.stream import CompletionAssembler, completion_events
 
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from rlcoach.families import (
+from rlcoach.models.families import (
     FAMILIES,
     fallback_chat_template,
     family_named,

@@ -3,9 +3,9 @@ served name spliced in without parsing, the recorded copy parsed only when taken
 
 import json
 
-from rlcoach import fastjson
-from rlcoach.gateway import _renamed
-from rlcoach.recorder import Recorder
+from rlcoach.endpoint.gateway import _renamed
+from rlcoach.endpoint.recorder import Recorder
+from rlcoach.engines import fastjson
 
 
 def _answer(model: str, content: str) -> bytes:

@@ -6,10 +6,10 @@ import time
 
 import pytest
 
+from rlcoach.endpoint.gateway import Gateway, _check_body
+from rlcoach.endpoint.recorder import Recorder
+from rlcoach.endpoint.router import Router
 from rlcoach.errors import EngineError
-from rlcoach.gateway import Gateway, _check_body
-from rlcoach.recorder import Recorder
-from rlcoach.router import Router
 
 
 def test_the_recorder_keeps_at_most_max_rollouts_and_counts_what_it_drops():

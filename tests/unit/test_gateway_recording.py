@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from rlcoach.gateway import ROLLOUT_HEADER, Gateway
-from rlcoach.router import Router
-from rlcoach.stream import completion_events
-from rlcoach.types import choice_from_response_json
+from rlcoach.endpoint.gateway import ROLLOUT_HEADER, Gateway
+from rlcoach.endpoint.router import Router
+from rlcoach.engines.stream import completion_events
+from rlcoach.trajectory.trajectories import choice_from_response_json
 
 CAPTURED = json.loads((Path(__file__).with_name("gateway_vllm.json")).read_text())
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]

@@ -13,7 +13,7 @@ from tiny_llama import tiny_groups
 
 from rlcoach.config import TrainConfig
 from rlcoach.errors import ConfigError
-from rlcoach.hardware import (
+from rlcoach.runtime.hardware import (
     CPU_BF16_ENV,
     _cpu_has_bf16,
     autocast_dtype,

@@ -1,4 +1,4 @@
-"""The after-step heap log (core/heap.py) that the soak reads: one line per step with RSS
+"""The after-step heap log (core/runtime/heap.py) that the soak reads: one line per step with RSS
 and glibc's own account of its heap, in this very process."""
 
 import json
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from rlcoach.heap import LOG_VARIABLE, after_step
+from rlcoach.runtime.heap import LOG_VARIABLE, after_step
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and glibc")

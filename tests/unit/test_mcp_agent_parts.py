@@ -16,7 +16,7 @@ from rlcoach.integrations.mcp.agent import (
 )
 from rlcoach.integrations.mcp.cli import read_examples, server_spec
 from rlcoach.integrations.mcp.train import load_check, summarize
-from rlcoach.types import Trajectory, TrajectoryGroup
+from rlcoach.trajectory.trajectories import Trajectory, TrajectoryGroup
 
 
 def test_example_arguments_prefer_what_the_schema_says():

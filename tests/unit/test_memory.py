@@ -6,7 +6,7 @@ measured on an H200 in docs/benchmarks-gpu.md (Qwen3 shapes, LoRA rank 16)."""
 import pytest
 
 from rlcoach import ConfigError
-from rlcoach.memory import GiB, ModelShape, check_memory, plan_memory
+from rlcoach.runtime.memory import GiB, ModelShape, check_memory, plan_memory
 
 QWEN3_4B = {
     "hidden_size": 2560,

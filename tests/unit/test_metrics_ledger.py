@@ -1,4 +1,4 @@
-"""`MetricsLedger` (core/step_commit.py) on checkpoint folders laid out on disk as a step
+"""`MetricsLedger` (core/backend/step_commit.py) on checkpoint folders laid out on disk as a step
 commits them: each committed step's line in metrics.jsonl exactly once, whatever failed
 between the commit and the line. (The same through real steps and a real kill -9:
 test_step_commit.py and test_serve_faults.py.)"""
@@ -8,8 +8,8 @@ import os
 
 import pytest
 
+from rlcoach.backend.step_commit import METRICS_RECORD, MetricsLedger
 from rlcoach.paths import UNCOMMITTED, RunPaths, append_jsonl
-from rlcoach.step_commit import METRICS_RECORD, MetricsLedger
 
 
 def _commit(paths: RunPaths, step: int, committed: bool = True) -> dict:

@@ -77,7 +77,7 @@ def test_folders_import_only_what_design_allows(folder):
 
 
 def test_the_library_never_imports_a_private_name_of_another_module():
-    # A helper several modules need lives in a shared module (e.g. rlcoach.processes)
+    # A helper several modules need lives in a shared module (e.g. rlcoach.runtime.processes)
     # under a public name; `from rlcoach.x import _helper` is a layer leak.
     leaks = []
     for folder in ALLOWED:

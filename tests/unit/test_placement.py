@@ -4,7 +4,7 @@ import pytest
 
 from rlcoach.config import EngineConfig, parse_config
 from rlcoach.errors import ConfigError
-from rlcoach.placement import PlacementConfig, resolve_placement
+from rlcoach.runtime.placement import PlacementConfig, resolve_placement
 
 
 def test_no_gpu_places_nothing_and_refuses_named_gpus():

@@ -1,4 +1,4 @@
-"""The shared process helpers (rlcoach.processes), on real child processes."""
+"""The shared process helpers (rlcoach.runtime.processes), on real child processes."""
 
 import os
 import signal
@@ -9,7 +9,13 @@ import time
 
 import pytest
 
-from rlcoach.processes import free_port, kill_group, log_tail, parent_death_signal, watch_group
+from rlcoach.runtime.processes import (
+    free_port,
+    kill_group,
+    log_tail,
+    parent_death_signal,
+    watch_group,
+)
 
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="prctl and /proc are Linux's")
 
@@ -75,7 +81,7 @@ def test_a_child_dies_with_its_parent_and_the_watchdog_reaps_its_group(tmp_path)
     pids = tmp_path / "pids"
     code = (
         "import subprocess, sys, time\n"
-        "from rlcoach.processes import parent_death_signal, watch_group\n"
+        "from rlcoach.runtime.processes import parent_death_signal, watch_group\n"
         "child = subprocess.Popen(['sh', '-c', 'sleep 60 & wait'], start_new_session=True,"
         " preexec_fn=parent_death_signal())\n"
         "reaper = watch_group(child)\n"

@@ -1,12 +1,12 @@
-"""Which recorded conversation is the main history (rlcoach.recording's rule).
+"""Which recorded conversation is the main history (rlcoach.trajectory.histories's rule).
 
 The exchanges are shaped exactly as the policy endpoint records them: the client's
 request body and the completion with its token ids and log-probs."""
 
 import json
 
-from rlcoach.recording import assemble_histories
-from rlcoach.types import CHOICE_KEY
+from rlcoach.trajectory.histories import assemble_histories
+from rlcoach.trajectory.trajectories import CHOICE_KEY
 
 ROUTER = {"role": "system", "content": "Route shop questions to 'shop'."}
 AGENT = {"role": "system", "content": "You are the shop assistant."}

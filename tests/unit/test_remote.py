@@ -7,9 +7,9 @@ import pytest
 
 from rlcoach import Model, RemoteBackend
 from rlcoach.errors import ConfigError, RemoteError, TrainingDataError
-from rlcoach.remote import _error, key_for_url
-from rlcoach.types import ChatRecord, Trajectory
-from rlcoach.wire import SFTRequest, StepResultWire, TrainEvent, TrainRequest
+from rlcoach.serve.remote import _error, key_for_url
+from rlcoach.serve.wire import SFTRequest, StepResultWire, TrainEvent, TrainRequest
+from rlcoach.trajectory.trajectories import ChatRecord, Trajectory
 
 
 def test_the_server_key_goes_only_to_that_server():

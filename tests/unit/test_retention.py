@@ -3,8 +3,8 @@
 import json
 import os
 
+from rlcoach.backend.retention import OPTIMIZER_FILE, RetentionConfig, apply_retention
 from rlcoach.paths import RunPaths
-from rlcoach.retention import OPTIMIZER_FILE, RetentionConfig, apply_retention
 
 
 def run_folder(tmp_path, steps=6, rewards=None):

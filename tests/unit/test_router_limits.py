@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from rlcoach.endpoint.router import Router
 from rlcoach.errors import ConfigError, EngineError, UnknownModelError
-from rlcoach.router import Router
 
 
 class StandInEngine:

@@ -28,7 +28,7 @@ from rlcoach.ruler import (
 )
 from rlcoach.ruler.judge import AnswerError, parse_digit_answer, parse_json_answer
 from rlcoach.ruler.render import render_message
-from rlcoach.types import History, Verdict, tool_message
+from rlcoach.trajectory.trajectories import History, Verdict, tool_message
 
 TOOLS = [
     {

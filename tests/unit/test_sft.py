@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-from rlcoach.capture import _conversations
 from rlcoach.config import SFTConfig
+from rlcoach.engines.stream import streamed_completion
 from rlcoach.errors import TrainingDataError
-from rlcoach.stream import streamed_completion
+from rlcoach.rollout.capture import _conversations
 from rlcoach.trainer.sft import _batches, chat_sequences, sft_loss, sft_sequences
-from rlcoach.types import ChatRecord, SampledChoice, Trajectory
+from rlcoach.trajectory.trajectories import ChatRecord, SampledChoice, Trajectory
 
 TOOLS = [
     {

@@ -7,7 +7,14 @@ import threading
 import pytest
 
 from rlcoach import ConfigError, RolloutFailure, Trajectory, TrajectoryGroup, load_groups
-from rlcoach.sinks import SinkConfig, SinkSet, open_sinks, resolve_sinks, rollout_metrics, run_info
+from rlcoach.observe.sinks import (
+    SinkConfig,
+    SinkSet,
+    open_sinks,
+    resolve_sinks,
+    rollout_metrics,
+    run_info,
+)
 
 
 class Recording:

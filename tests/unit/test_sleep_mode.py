@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from rlcoach import ConfigError, EngineConfig
-from rlcoach.colocation import check_sleep_mode, sleep_engine, wake_engine
-from rlcoach.router import Router
+from rlcoach.backend.colocation import check_sleep_mode, sleep_engine, wake_engine
+from rlcoach.endpoint.router import Router
 
 
 class RecordingEngine:

@@ -6,8 +6,8 @@ import pytest
 
 from rlcoach import ConfigError, SampledChoice, TrainConfig, Trajectory, TrajectoryGroup
 from rlcoach.config import parse_config
-from rlcoach.staleness import drop_stale, trajectory_version
-from rlcoach.types import History, policy_version_of
+from rlcoach.rollout.staleness import drop_stale, trajectory_version
+from rlcoach.trajectory.trajectories import History, policy_version_of
 
 
 def _choice(policy: str) -> SampledChoice:

@@ -1,8 +1,8 @@
 """A trajectory's policy and tool calls, lined up in order with their prompts and times."""
 
 from rlcoach import History, SampledChoice, Trajectory
-from rlcoach.timeline import PolicyCall, ToolCall, timeline
-from rlcoach.types import tool_message
+from rlcoach.trajectory.timeline import PolicyCall, ToolCall, timeline
+from rlcoach.trajectory.trajectories import tool_message
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2}'}}
 BAD = {"id": "c2", "type": "function", "function": {"name": "add", "arguments": "{oops"}}

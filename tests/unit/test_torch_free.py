@@ -1,7 +1,7 @@
 """The HTTP client and the result types it returns never import torch.
 
 A fresh interpreter (a test process has torch loaded already) imports `rlcoach`,
-`rlcoach.remote` and the trainer's torch-free types (trainer/base.py), rebuilds an RL and
+`rlcoach.serve.remote` and the trainer's torch-free types (trainer/base.py), rebuilds an RL and
 an SFT step result from their wire form as `RemoteBackend.train` does, and reports
 whether `torch` is in `sys.modules`. (`import rlcoach` alone: test_packaging.py.)"""
 
@@ -12,9 +12,9 @@ import sys
 SCRIPT = """
 import json, sys
 import rlcoach
-from rlcoach.remote import _step_result
+from rlcoach.serve.remote import _step_result
 from rlcoach.trainer.base import SFTStats, StepStats, Trainer
-from rlcoach.wire import StepResultWire
+from rlcoach.serve.wire import StepResultWire
 
 rl = {
     "trained": True, "groups": 2, "groups_skipped_no_variance": 0, "trajectories": 8,

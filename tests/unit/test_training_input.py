@@ -5,9 +5,9 @@ import math
 import pytest
 
 from rlcoach import SampledChoice, Trajectory, TrajectoryGroup
+from rlcoach.backend.training_input import TrainingLimits, check_examples, check_groups
 from rlcoach.errors import TrainingDataError
-from rlcoach.training_input import TrainingLimits, check_examples, check_groups
-from rlcoach.types import ChatRecord
+from rlcoach.trajectory.trajectories import ChatRecord
 
 LIMITS = TrainingLimits(vocab_size=100, max_model_len=16)
 

@@ -11,7 +11,7 @@ from rlcoach import (
     load_groups,
     save_groups,
 )
-from rlcoach.types import choice_from_response_json
+from rlcoach.trajectory.trajectories import choice_from_response_json
 
 
 def _choice(policy="agent@3", tokens=(5, 6, 2)):

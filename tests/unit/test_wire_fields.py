@@ -12,8 +12,8 @@ from rlcoach import (
     save_groups,
     tool_message,
 )
-from rlcoach.report import _trajectory_html
-from rlcoach.timeline import timeline
+from rlcoach.observe.report import _trajectory_html
+from rlcoach.trajectory.timeline import timeline
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
 

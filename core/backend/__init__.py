@@ -1,0 +1,15 @@
+"""The backend room: a model's training on this machine, one committed step at a time.
+
+`LocalBackend` (`local`) assembles the engine, the endpoint and the trainer; a step's
+commit point and rollback (`step_commit`), the training loop (`pipeline`), which
+checkpoints a run keeps (`retention`, `evaluation`), checks on training input
+(`training_input`), the engine's supervision (`supervisor`) and colocation on one GPU
+(`colocation`).
+
+May import: every room below it (foundation, runtime, compat, models, trajectory,
+engines, trainer, endpoint, rollout, observe). Never imports: serve.
+"""
+
+from rlcoach.backend.local import Backend, LocalBackend, StepResult
+
+__all__ = ["Backend", "LocalBackend", "StepResult"]

@@ -1,0 +1,120 @@
+"""Re-scoring: a grammar-constrained completion recorded with the model's own log-probs.
+
+vLLM reports a constrained token's log-prob after the grammar's mask (constraint.py
+says why that is wrong for training), so before the gateway (gateway.py) records a
+constrained completion, `rescored_choices` asks the engine for the log-probs of the
+same tokens without the grammar (`Engine.token_logprobs`) and marks the positions the
+grammar forced. The client still gets the engine's own answer.
+
+Where the engine cannot re-score while other chats run (`rescore_alone`: vLLM on a CPU,
+which batches by requests, not tokens), the `RescoreGate` that every chat passes lets
+the re-scoring wait until the engine has no chat in flight, and holds new chats until it
+is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from rlcoach.endpoint.constraint import forced_positions
+from rlcoach.engines.base import Engine, EngineHTTPError
+from rlcoach.errors import EngineError
+from rlcoach.trajectory.trajectories import CHOICE_KEY
+
+__all__ = ["RescoreGate", "rescored_choices"]
+
+logger = logging.getLogger(__name__)
+
+
+async def rescored_choices(
+    engine: Engine, gate: RescoreGate, engine_name: str, constraint: str, response: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The choices of a constrained completion, re-scored. Called by a chat inside `gate`:
+    the chat itself is done, so it leaves the gate while the re-scoring waits and runs,
+    and enters it again after."""
+    prompt = list(response.get("prompt_token_ids") or [])
+    await gate.leave()
+    try:
+        async with gate.alone():
+            return [
+                await _rescored(engine, engine_name, constraint, prompt, choice)
+                for choice in response["choices"]
+            ]
+    finally:
+        await gate.enter()
+
+
+async def _rescored(
+    engine: Engine, engine_name: str, constraint: str, prompt: list[int], choice: dict[str, Any]
+) -> dict[str, Any]:
+    """A constrained choice with the model's own log-probs and its forced positions."""
+    content = (choice.get("logprobs") or {}).get("content") or []
+    forced = forced_positions(choice)
+    try:
+        free = await engine.token_logprobs(
+            engine_name, [*prompt, *choice["token_ids"]], len(prompt)
+        )
+    except (EngineError, EngineHTTPError) as e:
+        # Unknown free log-probs: keep the tokens, train none of them.
+        logger.warning("could not re-score a constrained completion (%s); not trained", e)
+        free = [entry["logprob"] for entry in content]
+        forced = list(range(len(content)))
+    entries = [
+        {"token": entry.get("token"), "logprob": logprob}
+        for entry, logprob in zip(content, free, strict=True)
+    ]
+    extra = {"forced": forced, "constraint": constraint}
+    return {**choice, "logprobs": {"content": entries}, CHOICE_KEY: extra}
+
+
+class RescoreGate:
+    """Counts the chats in flight on the engine and lets a re-scoring run with none of
+    them, where the engine needs that (`rescore_alone`, vLLM on a CPU); a no-op
+    elsewhere. New chats wait while a re-scoring waits or runs."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._active = 0
+        self._alone = False
+        self._changed: asyncio.Condition | None = None  # made in the gateway's own loop
+
+    def _condition(self) -> asyncio.Condition:
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        return self._changed
+
+    async def enter(self) -> None:
+        if self.enabled:
+            changed = self._condition()
+            async with changed:
+                await changed.wait_for(lambda: not self._alone)
+                self._active += 1
+
+    async def leave(self) -> None:
+        if self.enabled:
+            changed = self._condition()
+            async with changed:
+                self._active -= 1
+                changed.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def alone(self) -> AsyncIterator[None]:
+        if not self.enabled:
+            yield
+            return
+        changed = self._condition()
+        async with changed:
+            await changed.wait_for(lambda: not self._alone)
+            self._alone = True
+            await changed.wait_for(lambda: self._active == 0)
+        try:
+            yield
+        finally:
+            changed = self._condition()
+            async with changed:
+                self._alone = False
+                changed.notify_all()

@@ -1,0 +1,104 @@
+"""Staleness: how many policy versions old a sample is when it is trained on.
+
+Every sampled choice carries the policy version that sampled it (`SampledChoice.
+policy_version`, the `step` of the served name `name@step`). A step that turns version
+`k` into `k + 1` trains a trajectory sampled by version `v` at staleness `k - v`: 0 in
+the synchronous loop, up to the pipeline's lag when rollouts for the next step run while
+this one trains (pipeline.py). Trajectories staler than `TrainConfig.max_staleness` are
+not trained: the PPO-clip ratio against the sampler's recorded log-probs corrects a
+little off-policy drift, not an arbitrary amount. They are counted in the step's
+metrics (`stale_dropped`), never silently.
+
+Rules:
+- A trajectory's version is the oldest among its choices of *this* model (a multi-turn
+  rollout that spans a publish is as stale as its first call).
+- Choices sampled under another name (another model's `other@3`, the base model's own
+  name, a teacher served elsewhere) carry no version of this model; a trajectory made
+  only of them is kept as it is (counted as `unversioned`): it is data the caller chose
+  to train on, such as another model's samples for distillation.
+- A trajectory is dropped, not its group: the rest of the group still compares rewards
+  among themselves (a group left with one trajectory has no variance and trains nothing,
+  which the trainer reports as usual).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rlcoach.trajectory.trajectories import Trajectory, TrajectoryGroup
+
+__all__ = ["Staleness", "drop_stale", "trajectory_version"]
+
+
+@dataclass(frozen=True, slots=True)
+class Staleness:
+    """What the staleness bound did to one step's batch."""
+
+    max_staleness: int
+    """The bound in force (`TrainConfig.max_staleness`)."""
+    trained_version: int
+    """The policy version the step trained from (the model's step before it)."""
+    stale_dropped: int = 0
+    """Trajectories older than the bound: not trained."""
+    unversioned: int = 0
+    """Trajectories with no choice sampled by this model's versions: kept as they are."""
+    staleness_max: int = 0
+    """The largest staleness among the kept versioned trajectories."""
+    staleness_mean: float = 0.0
+    """The mean staleness of the kept versioned trajectories."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+def trajectory_version(trajectory: Trajectory, model_name: str) -> int | None:
+    """The oldest version of `model_name` that sampled one of the trajectory's choices."""
+    prefix = model_name + "@"
+    versions = [
+        c.policy_version
+        for history in trajectory.histories()
+        for c in history.choices
+        if c.policy_version is not None and c.policy.startswith(prefix)
+    ]
+    return min(versions) if versions else None
+
+
+def drop_stale(
+    groups: list[TrajectoryGroup], model_name: str, current_version: int, max_staleness: int
+) -> tuple[list[TrajectoryGroup], Staleness]:
+    """The groups without trajectories staler than `max_staleness`, and what was dropped.
+
+    `current_version` is the model's step before this training step. A version newer
+    than it (a sample from a checkpoint this backend has not resumed) counts as fresh.
+    """
+    kept_groups = []
+    dropped = unversioned = 0
+    lags: list[int] = []
+    for group in groups:
+        kept = []
+        for trajectory in group.trajectories:
+            version = trajectory_version(trajectory, model_name)
+            if version is None:
+                unversioned += 1
+                kept.append(trajectory)
+                continue
+            lag = max(current_version - version, 0)
+            if lag > max_staleness:
+                dropped += 1
+                continue
+            lags.append(lag)
+            kept.append(trajectory)
+        if len(kept) == len(group.trajectories):
+            kept_groups.append(group)
+        else:
+            kept_groups.append(group.model_copy(update={"trajectories": kept}))
+    staleness = Staleness(
+        max_staleness=max_staleness,
+        trained_version=current_version,
+        stale_dropped=dropped,
+        unversioned=unversioned,
+        staleness_max=max(lags, default=0),
+        staleness_mean=sum(lags) / len(lags) if lags else 0.0,
+    )
+    return kept_groups, staleness

@@ -1,0 +1,390 @@
+"""GPU memory: will the chosen placement and colocation fit, before anything loads?
+
+A GPU that cannot hold the engine and the trainer should fail when the model is
+registered, with the memory it needs and a setting that would fit, not with an
+out-of-memory error in the middle of a step an hour later. `plan_memory` estimates, from
+the model's `config.json` alone:
+
+- weights: every parameter in bf16, once in vLLM and once in the trainer;
+- LoRA: the adapter in fp32 with its gradient and AdamW's two moments (16 bytes a
+  parameter), and vLLM's adapter slots (`max_loras` x `max_lora_rank`, bf16);
+- activations per token at `TrainConfig.micro_batch_tokens` (tokens of one forward and
+  backward pass): what one decoder layer keeps for the backward, in bf16, for every
+  layer (only the layer inputs plus one layer's worth with `activation_checkpointing`),
+  plus the vocabulary projection of one `logprob_chunk_tokens` chunk in fp32;
+- vLLM: its weights, adapter slots, a fixed allowance for activations and CUDA graphs,
+  and a KV cache of at least one `max_model_len` sequence (vLLM refuses to start with
+  less); while asleep (colocation.py) it keeps only the allowance for its CUDA context
+  and graphs;
+- a CUDA context per process.
+
+The coefficients are estimates (`ACTIVATION_ELEMENTS`, `VLLM_OVERHEAD_BYTES`, ...), set
+from the published Qwen3 shapes and checked against the peaks that bench/gpu/step.py
+prints beside them; they err on the generous side, so a refusal means a real risk.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rlcoach.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rlcoach.config import EngineConfig, TrainConfig
+    from rlcoach.runtime.placement import Placement
+
+__all__ = ["MemoryPlan", "ModelShape", "check_gpu_memory", "check_memory", "plan_memory"]
+
+logger = logging.getLogger(__name__)
+
+GiB = 1024**3
+CUDA_CONTEXT_BYTES = int(0.75 * GiB)
+"""A process's CUDA context and library workspaces (cuBLAS, NCCL) before any tensor."""
+VLLM_OVERHEAD_BYTES = int(3.0 * GiB)
+"""vLLM beyond weights and KV cache: profiled activations, sampler buffers, CUDA graphs."""
+VLLM_ASLEEP_BYTES = int(1.5 * GiB)
+"""What a sleeping vLLM (level 1) keeps: its context and CUDA graph pool."""
+ACTIVATION_ELEMENTS = (14, 1, 1, 4)
+"""bf16 elements one decoder layer keeps per token for the backward, as multiples of
+(hidden, attention width heads x head_dim, key/value width, MLP width). Fitted to the
+eager peaks of docs/benchmarks-gpu.md (Qwen3-4B and 8B shapes in rows of 4K tokens:
+31.1 and 47.7 GiB; with checkpointing at 16K tokens 14.7 and 23.7 GiB, which the
+estimate exceeds by 1-3 GiB): the hidden-sized terms are many because RMSNorm keeps
+fp32 copies and every LoRA keeps its input. Compiled layers keep about a quarter less."""
+LOGIT_BYTES_PER_ELEMENT = 10
+"""The chunked vocabulary projection: bf16 logits, their fp32 copy and its gradient."""
+MARGIN = 1.1
+"""Allocator fragmentation and what the estimate misses."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    """The sizes of a decoder-only transformer that memory depends on."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied_embeddings: bool
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> ModelShape:
+        """From a `config.json` (a multimodal config's `text_config` when it has one)."""
+        text = config.get("text_config") or config
+        try:
+            heads = int(text["num_attention_heads"])
+            hidden = int(text["hidden_size"])
+            return cls(
+                layers=int(text["num_hidden_layers"]),
+                hidden=hidden,
+                intermediate=int(text["intermediate_size"]),
+                heads=heads,
+                kv_heads=int(text.get("num_key_value_heads") or heads),
+                head_dim=int(text.get("head_dim") or hidden // heads),
+                vocab=int(text["vocab_size"]),
+                tied_embeddings=bool(
+                    config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+                ),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError(
+                f"the model config lacks {e} needed to estimate GPU memory; fix: use a "
+                "decoder-only transformer folder whose config.json has hidden_size, "
+                "num_hidden_layers, num_attention_heads, intermediate_size and vocab_size"
+            ) from e
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> ModelShape:
+        return cls.from_config(json.loads((Path(folder) / "config.json").read_text()))
+
+    @property
+    def attention_width(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of each projection of one decoder layer."""
+        h, a, kv, i = self.hidden, self.attention_width, self.kv_width, self.intermediate
+        return {
+            "q_proj": (h, a),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (a, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
+
+    @property
+    def params(self) -> int:
+        per_layer = sum(n * m for n, m in self.linear_shapes().values()) + 2 * self.hidden
+        embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+        return self.layers * per_layer + embeddings + self.hidden
+
+    def lora_params(self, rank: int) -> int:
+        """An adapter of `rank` on every projection of every layer (the most it covers)."""
+        return self.layers * rank * sum(n + m for n, m in self.linear_shapes().values())
+
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_width * 2
+
+    def activation_bytes_per_token(self, checkpointing: bool) -> int:
+        c_h, c_a, c_kv, c_i = ACTIVATION_ELEMENTS
+        layer = 2 * (
+            c_h * self.hidden
+            + c_a * self.attention_width
+            + c_kv * self.kv_width
+            + c_i * self.intermediate
+        )
+        if checkpointing:  # each layer's input kept, one layer recomputed at a time
+            return self.layers * 2 * self.hidden + layer
+        return self.layers * layer
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPlan:
+    """Estimated bytes on each GPU, and whether they fit."""
+
+    colocation: str
+    """"split", "sleep", or "dedicated" (serving and training on different GPUs)."""
+    gpu_bytes: int
+    engine_bytes: int
+    """vLLM's share: `gpu_memory_utilization` x the serving GPU."""
+    engine_need_bytes: int
+    """What vLLM needs at least: weights, adapter slots, overhead, one sequence's KV."""
+    trainer_resident_bytes: int
+    """What the trainer keeps between steps: weights, adapter, gradient, AdamW state."""
+    trainer_peak_bytes: int
+    """The trainer at its peak inside a step."""
+    kv_cache_tokens: int
+    """KV cache vLLM would have for rollouts, in tokens (all sequences together)."""
+    problems: tuple[str, ...]
+    """Why it does not fit (empty: it fits)."""
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> dict[str, Any]:
+        data = {name: getattr(self, name) for name in self.__slots__}
+        data["fits"] = self.fits
+        return data
+
+
+def _gib(value: float) -> str:
+    return f"{value / GiB:.1f} GiB"
+
+
+def _trainer_bytes(
+    shape: ModelShape,
+    lora_rank: int,
+    micro_batch_tokens: int,
+    logprob_chunk_tokens: int,
+    checkpointing: bool,
+) -> tuple[int, int]:
+    resident = shape.params * 2 + shape.lora_params(lora_rank) * 16 + CUDA_CONTEXT_BYTES
+    activations = micro_batch_tokens * shape.activation_bytes_per_token(checkpointing)
+    logits = min(logprob_chunk_tokens, micro_batch_tokens) * shape.vocab * LOGIT_BYTES_PER_ELEMENT
+    return resident, int(resident + MARGIN * (activations + logits))
+
+
+def plan_memory(
+    shape: ModelShape,
+    *,
+    gpu_bytes: int,
+    colocation: str,
+    gpu_memory_utilization: float,
+    max_model_len: int,
+    max_loras: int,
+    max_lora_rank: int,
+    lora_rank: int,
+    micro_batch_tokens: int,
+    logprob_chunk_tokens: int,
+    activation_checkpointing: bool,
+    train_gpu_bytes: int | None = None,
+) -> MemoryPlan:
+    """Estimate one placement (see the module docstring). `colocation` is "split" or
+    "sleep" for one shared GPU, "dedicated" when the trainer has its own
+    (`train_gpu_bytes`, default the same size)."""
+    engine_fixed = (
+        shape.params * 2
+        + max_loras * shape.lora_params(max_lora_rank) * 2
+        + VLLM_OVERHEAD_BYTES
+        + CUDA_CONTEXT_BYTES
+    )
+    engine_need = engine_fixed + max_model_len * shape.kv_bytes_per_token()
+    engine_bytes = int(gpu_memory_utilization * gpu_bytes)
+    resident, peak = _trainer_bytes(
+        shape, lora_rank, micro_batch_tokens, logprob_chunk_tokens, activation_checkpointing
+    )
+    problems = []
+    if engine_bytes < engine_need:
+        problems.append(
+            f"vLLM gets {_gib(engine_bytes)} (gpu_memory_utilization={gpu_memory_utilization} "
+            f"of {_gib(gpu_bytes)}) but needs {_gib(engine_need)} (weights, adapters, "
+            f"overhead and one {max_model_len}-token sequence of KV cache)"
+        )
+    if colocation == "split":
+        trainer_room = gpu_bytes - engine_bytes
+        if peak > trainer_room:
+            problems.append(
+                f"the trainer needs {_gib(peak)} at its peak ({micro_batch_tokens} tokens a "
+                f"pass) but gets {_gib(trainer_room)} beside vLLM"
+            )
+    elif colocation == "sleep":
+        if resident + engine_bytes > gpu_bytes:
+            problems.append(
+                f"awake, vLLM's {_gib(engine_bytes)} and the trainer's resident "
+                f"{_gib(resident)} exceed the GPU's {_gib(gpu_bytes)}"
+            )
+        if peak + VLLM_ASLEEP_BYTES > gpu_bytes:
+            problems.append(
+                f"the trainer needs {_gib(peak)} at its peak ({micro_batch_tokens} tokens a "
+                f"pass) beside a sleeping vLLM's {_gib(VLLM_ASLEEP_BYTES)}, more than the "
+                f"GPU's {_gib(gpu_bytes)}"
+            )
+    else:
+        train_gpu = train_gpu_bytes or gpu_bytes
+        if peak > train_gpu:
+            problems.append(
+                f"the trainer needs {_gib(peak)} at its peak ({micro_batch_tokens} tokens a "
+                f"pass) but its GPU has {_gib(train_gpu)}"
+            )
+    kv_tokens = max((engine_bytes - engine_fixed) // shape.kv_bytes_per_token(), 0)
+    return MemoryPlan(
+        colocation=colocation,
+        gpu_bytes=gpu_bytes,
+        engine_bytes=engine_bytes,
+        engine_need_bytes=engine_need,
+        trainer_resident_bytes=resident,
+        trainer_peak_bytes=peak,
+        kv_cache_tokens=int(kv_tokens),
+        problems=tuple(problems),
+    )
+
+
+def _what_fits(base: dict[str, Any], shape: ModelShape) -> list[str]:
+    """Up to three settings that would make a plan fit, the cheapest kinds of change
+    first: the other colocation, checkpointing, vLLM's share, then pairs of those, and a
+    smaller micro-batch (slowest: more passes per step) last."""
+    utils = [u / 100 for u in range(95, 4, -5)]
+    colocations: list[tuple[str, dict[str, Any]]] = []
+    if (other := {"split": "sleep", "sleep": "split"}.get(base["colocation"])) is not None:
+        colocations = [(f"colocation='{other}'", {"colocation": other})] + [
+            (
+                f"colocation='{other}' with gpu_memory_utilization={u}",
+                {"colocation": other, "gpu_memory_utilization": u},
+            )
+            for u in utils
+        ]
+    checkpointing: list[tuple[str, dict[str, Any]]] = []
+    if not base["activation_checkpointing"]:
+        checkpointing = [
+            ("TrainConfig(activation_checkpointing=True)", {"activation_checkpointing": True})
+        ]
+    shares = [(f"gpu_memory_utilization={u}", {"gpu_memory_utilization": u}) for u in utils]
+    batches = []
+    tokens = base["micro_batch_tokens"] // 2
+    while tokens >= 256:
+        batches.append(
+            (f"TrainConfig(micro_batch_tokens={tokens})", {"micro_batch_tokens": tokens})
+        )
+        tokens //= 2
+    ranked = [
+        [colocations],
+        [checkpointing],
+        [shares],
+        [colocations, checkpointing],
+        [shares, checkpointing],
+        [batches],
+        [colocations, batches],
+        [shares, batches],
+    ]
+    fixes: list[str] = []
+    for groups in ranked:
+        if len(groups) == 1:
+            candidates = [([text], change) for text, change in groups[0]]
+        else:
+            candidates = [([t1, t2], {**c1, **c2}) for t1, c1 in groups[0] for t2, c2 in groups[1]]
+        for texts, change in candidates:
+            if plan_memory(shape, **{**base, **change}).fits:
+                fixes.append(" with ".join(texts))
+                break
+        if len(fixes) == 3:
+            break
+    return fixes or ["a smaller model, or a GPU with more memory"]
+
+
+def check_memory(
+    shape: ModelShape,
+    *,
+    gpu_bytes: int,
+    colocation: str,
+    train_gpu_bytes: int | None = None,
+    **settings: Any,
+) -> MemoryPlan:
+    """`plan_memory`, raising `ConfigError` with the needs and the fixes when it does not
+    fit (called when a model is registered on a GPU)."""
+    base = {"gpu_bytes": gpu_bytes, "colocation": colocation, **settings}
+    if train_gpu_bytes is not None:
+        base["train_gpu_bytes"] = train_gpu_bytes
+    plan = plan_memory(shape, **base)
+    if plan.fits:
+        return plan
+    fixes = _what_fits(base, shape)
+    raise ConfigError(
+        f"this GPU cannot hold the engine and the trainer as configured "
+        f"(colocation={colocation!r}, estimated from the model's config): "
+        + "; ".join(plan.problems)
+        + f". Needs: vLLM {_gib(plan.engine_need_bytes)}, trainer {_gib(plan.trainer_peak_bytes)}"
+        f" at its peak ({_gib(plan.trainer_resident_bytes)} resident). Fix: " + " or ".join(fixes)
+    )
+
+
+def check_gpu_memory(
+    model_folder: str | Path,
+    engine: EngineConfig,
+    train: TrainConfig,
+    placement: Placement | None,
+) -> MemoryPlan | None:
+    """`check_memory` for a vLLM engine about to start with this placement (None where
+    nothing is checked: no GPU, or several serving or training GPUs, whose sharding the
+    estimate does not model)."""
+    if placement is None or len(placement.serve_gpus) != 1 or len(placement.train_gpus) != 1:
+        return None
+    import torch
+
+    serve, trainer = placement.serve_gpus[0], placement.train_gpus[0]
+    plan = check_memory(
+        ModelShape.from_folder(model_folder),
+        gpu_bytes=torch.cuda.get_device_properties(serve).total_memory,
+        train_gpu_bytes=torch.cuda.get_device_properties(trainer).total_memory,
+        colocation=engine.colocation if serve == trainer else "dedicated",
+        gpu_memory_utilization=engine.gpu_memory_utilization,
+        max_model_len=engine.max_model_len,
+        max_loras=engine.max_loras,
+        max_lora_rank=engine.max_lora_rank,
+        lora_rank=train.lora.rank,
+        micro_batch_tokens=train.micro_batch_tokens,
+        logprob_chunk_tokens=train.logprob_chunk_tokens,
+        activation_checkpointing=train.activation_checkpointing,
+    )
+    logger.info(
+        "GPU memory plan (%s): vLLM %.1f GiB of which KV cache for %d tokens; trainer peak "
+        "%.1f GiB",
+        plan.colocation,
+        plan.engine_bytes / GiB,
+        plan.kv_cache_tokens,
+        plan.trainer_peak_bytes / GiB,
+    )
+    return plan
