@@ -112,9 +112,9 @@ class Model:
         if self.api_key_env is None:
             # A model behind an `rlcoach serve` this process talks to (e.g. a judge on the
             # policy endpoint's base weights) gets that server's key; any other URL, none.
-            from rlcoach.serve.remote import key_for_url
+            from rlcoach.runtime.server_keys import CONNECTED_SERVERS
 
-            return key_for_url(self.base_url) or "none"
+            return CONNECTED_SERVERS.key_for(self.base_url) or "none"
         key = os.environ.get(self.api_key_env)
         if not key:
             raise ConfigError(
@@ -388,7 +388,7 @@ class TrainableModel(Model):
                 "evaluations yet; fix: record them with a LocalBackend, or score them "
                 "yourself and keep the groups with save_groups(path, groups)"
             )
-        from rlcoach.backend.evaluation import as_groups, check_split
+        from rlcoach.trajectory.splits import as_groups, check_split
 
         await log(
             self,

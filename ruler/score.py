@@ -30,7 +30,7 @@ from typing import Any
 from rlcoach.config import parse_config
 from rlcoach.errors import ConfigError
 from rlcoach.model import Model
-from rlcoach.models.providers import as_model
+from rlcoach.providers import as_model
 from rlcoach.rollout.gather import AfterEach
 from rlcoach.ruler.config import RulerConfig
 from rlcoach.ruler.judge import JudgeError, JudgeSession

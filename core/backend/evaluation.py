@@ -17,53 +17,17 @@ deletes the rest: retention.py's rule, the one `rlcoach serve` applies after eac
 from __future__ import annotations
 
 import logging
-import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from rlcoach.backend.retention import RetentionConfig, apply_retention, read_metric
-from rlcoach.errors import ConfigError
 from rlcoach.observe.sinks import rollout_metrics
 from rlcoach.paths import RunPaths
-from rlcoach.trajectory.trajectories import Trajectory, TrajectoryGroup
+from rlcoach.trajectory.trajectories import TrajectoryGroup
 
-__all__ = ["as_groups", "check_split", "delete_checkpoints", "eval_record"]
+__all__ = ["delete_checkpoints", "eval_record"]
 
 logger = logging.getLogger(__name__)
-
-_SPLIT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-
-
-def check_split(split: str) -> str:
-    """A split name is one safe path component (it names a folder of trajectories)."""
-    if not isinstance(split, str) or not _SPLIT.match(split):
-        raise ConfigError(
-            f"split {split!r} is not a usable split name: it names the folder "
-            "trajectories/<split>/ and prefixes the metrics; fix: use letters, digits, '_' "
-            "or '-' (e.g. 'val', 'test')"
-        )
-    return split
-
-
-def as_groups(items: Iterable[Any]) -> list[TrajectoryGroup]:
-    """Trajectories (and exceptions) as one group, or groups as they are (ART's `log`)."""
-    items = list(items)
-    if any(isinstance(x, Trajectory | BaseException) for x in items):
-        return [TrajectoryGroup(items)]
-    groups = []
-    for item in items:
-        if not isinstance(item, TrajectoryGroup):
-            raise ConfigError(
-                f"model.log got a {type(item).__name__}; fix: pass trajectories or "
-                "trajectory groups (e.g. the result of gather_trajectory_groups)"
-            )
-        if item.pending:
-            raise ConfigError(
-                "model.log got a TrajectoryGroup whose rollouts have not run; fix: pass the "
-                "groups that `await gather_trajectory_groups(...)` returns"
-            )
-        groups.append(item)
-    return groups
 
 
 def eval_record(

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ADD_TOOL",
     "RUBRIC",
+    "SYSTEM",
     "Question",
     "make_questions",
     "run_question",

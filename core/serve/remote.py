@@ -22,7 +22,6 @@ import asyncio
 import logging
 import os
 import uuid
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -38,6 +37,7 @@ from rlcoach.errors import (
     UnknownModelError,
 )
 from rlcoach.paths import DEFAULT_ROOT, RunPaths
+from rlcoach.runtime.server_keys import CONNECTED_SERVERS
 from rlcoach.serve.wire import (
     API_PREFIX,
     CheckpointList,
@@ -59,17 +59,10 @@ __all__ = ["RemoteBackend", "key_for_url"]
 
 logger = logging.getLogger(__name__)
 
-_CONNECTED: weakref.WeakSet[RemoteBackend] = weakref.WeakSet()
-
 
 def key_for_url(url: str | None) -> str | None:
     """The key of a connected `RemoteBackend` whose server serves `url`, else None."""
-    if not url:
-        return None
-    for backend in list(_CONNECTED):
-        if backend.api_key and (url.rstrip("/") + "/").startswith(backend.url + "/"):
-            return backend.api_key
-    return None
+    return CONNECTED_SERVERS.key_for(url)
 
 
 class RemoteBackend:
@@ -100,7 +93,7 @@ class RemoteBackend:
         self.read_timeout_s = read_timeout_s
         self.retry_for_s = retry_for_s
         self._client: httpx.AsyncClient | None = None
-        _CONNECTED.add(self)
+        CONNECTED_SERVERS.add(self)
 
     @property
     def url(self) -> str:

@@ -431,7 +431,7 @@ class PolicyServer:
 
     async def _log(self, request: Request) -> Response:
         """`model.log` through the server: the groups and their record go to its sinks."""
-        from rlcoach.backend.evaluation import check_split
+        from rlcoach.trajectory.splits import check_split
 
         body = self._parse(LogRequest, await self._read(request, self.config.max_request_bytes))
         model = await self.registrations.register(body.model)

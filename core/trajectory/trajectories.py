@@ -65,6 +65,7 @@ __all__ = [
     "MessagesAndChoices",
     "RolloutFailure",
     "SampledChoice",
+    "Scalar",
     "Tool",
     "Tools",
     "Trajectory",

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from rlcoach import BUNDLED_MODEL, Model, TrainableModel
-from rlcoach.rollout.distill import collect_demonstrations, distill
+from rlcoach.backend.distill import collect_demonstrations, distill
 from rlcoach.trajectory.trajectories import ChatRecord
 
 pytestmark = pytest.mark.vllm

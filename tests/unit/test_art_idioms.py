@@ -28,7 +28,7 @@ from rlcoach import (
 from rlcoach.backend.evaluation import eval_record
 from rlcoach.backend.retention import read_metric, steps_to_keep
 from rlcoach.compat.art_config import internal_config, train_options
-from rlcoach.models.providers import provider_model
+from rlcoach.providers import provider_model
 from rlcoach.ruler import score_group
 
 

@@ -27,10 +27,10 @@ from rlcoach import (
     load_groups,
 )
 from rlcoach import errors as tree
+from rlcoach.backend.distill import collect_demonstrations
 from rlcoach.config import Config, parse_config
 from rlcoach.models.answers import json_object
 from rlcoach.models.families import family_named
-from rlcoach.rollout.distill import collect_demonstrations
 
 
 def _modules() -> list[str]:

@@ -78,7 +78,7 @@ async def collect_demonstrations(
     """Run `rollout(teacher, task)` `samples_per_task` times per task; keep the good ones.
 
     `teacher` is a `Model` or a `provider/model` string ("openai/gpt-4.1", providers.py)."""
-    from rlcoach.models.providers import as_model
+    from rlcoach.providers import as_model
 
     teacher = as_model(teacher)
     if samples_per_task < 1:
