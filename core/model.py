@@ -26,6 +26,7 @@ from rlcoach.endpoint.gateway import ROLLOUT_HEADER
 from rlcoach.errors import ConfigError
 from rlcoach.models.base_model import parse_hub_id
 from rlcoach.models.bundled import BUNDLED_MODEL
+from rlcoach.models.served_name import ServedName
 from rlcoach.rollout.capture import CapturedRollout, ClientRecorder
 from rlcoach.rollout.scope import Rollout, current_rollout_id
 from rlcoach.trajectory.trajectories import ChatRecord, Scalar, Trajectory, TrajectoryGroup
@@ -280,7 +281,7 @@ class TrainableModel(Model):
 
     @property
     def served_name(self) -> str:
-        return f"{self.name}@{self.step}"
+        return str(ServedName(self.name, self.step))
 
     def _endpoint(self) -> str:
         return self.backend.url + "/v1"

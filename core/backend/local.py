@@ -79,6 +79,7 @@ from rlcoach.errors import ConfigError, TrainerError
 from rlcoach.models.base_model import resolve_base_model, served_base_name
 from rlcoach.models.bundled import BUNDLED_MODEL
 from rlcoach.models.families import fallback_chat_template
+from rlcoach.models.served_name import ServedName
 from rlcoach.observe.sinks import (
     Sink,
     SinkConfig,
@@ -806,7 +807,7 @@ class LocalBackend:
 
         def forget(step: int) -> None:
             if self.gateway is not None:
-                self.gateway.router.checkpoints.pop(f"{model.name}@{step}", None)
+                self.gateway.router.checkpoints.pop(str(ServedName(model.name, step)), None)
 
         async with self._step_lock(model):
             return await asyncio.to_thread(

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlcoach.errors import CheckpointError, RLCoachError
+from rlcoach.models.served_name import ServedName
 from rlcoach.observe.sinks import rollout_metrics
 from rlcoach.paths import (
     UNCOMMITTED,
@@ -169,7 +170,7 @@ class TrainedStep:
             **result.as_dict(),
             **rollout_metrics(self.groups),
             "step_seconds": time.perf_counter() - self.started,
-            "policy": f"{model_name}@{result.step}",
+            "policy": str(ServedName(model_name, result.step)),
             "step": step,
         }
         if skip:

@@ -19,19 +19,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections import Counter, OrderedDict
 from pathlib import Path
 
 from rlcoach.engines.base import Engine
 from rlcoach.errors import ConfigError, EngineError, UnknownModelError
+from rlcoach.models.served_name import ServedName
 
 __all__ = ["Router"]
 
 logger = logging.getLogger(__name__)
-
-_STEP = re.compile(r"[0-9]{1,9}")
 
 
 class Router:
@@ -56,9 +54,9 @@ class Router:
         names = [self.engine.base_name]
         for model, latest in sorted(self.latest.items()):
             names += [
-                f"{model}@{step}"
+                str(ServedName(model, step))
                 for step in range(latest + 1)
-                if step == 0 or f"{model}@{step}" in self.checkpoints
+                if step == 0 or str(ServedName(model, step)) in self.checkpoints
             ]
         return names
 
@@ -66,21 +64,20 @@ class Router:
         """Know `model`, its latest step and the checkpoint folder of each step."""
         self.latest[model] = step
         for number, path in checkpoints.items():
-            self.checkpoints[f"{model}@{number}"] = path
+            self.checkpoints[str(ServedName(model, number))] = path
 
     def resolve(self, requested: str) -> tuple[str, str]:
         """Return (served name to report, engine name to ask) for a requested model."""
         if requested == self.engine.base_name:
             return requested, requested
-        name, _, step_text = requested.partition("@")
+        name, step_text = ServedName.split(requested)
         if name in self.latest:
             if not step_text:
                 step = self.latest[name]
-            elif _STEP.fullmatch(step_text):  # ASCII digits only: "²".isdigit() is True
-                step = int(step_text)
             else:
-                step = -1
-            served = f"{name}@{step}"
+                parsed = ServedName.parse(requested)
+                step = parsed.step if parsed is not None else -1
+            served = str(ServedName(name, step))
             if step == 0:
                 return served, self.engine.base_name
             if step > 0 and served in self.checkpoints:
@@ -119,7 +116,7 @@ class Router:
         On failure nothing changes: the step is not served, not latest, not known."""
         started = time.perf_counter()
         self._swap_done.clear()
-        served = f"{model}@{step}"
+        served = str(ServedName(model, step))
         known = self.checkpoints.get(served)
         try:
             self.checkpoints[served] = path
@@ -144,13 +141,14 @@ class Router:
         later publish of the same step loads the new one in its place)."""
         if self.latest.get(model) == step:
             self.latest[model] = previous
-        self.checkpoints.pop(f"{model}@{step}", None)
+        self.checkpoints.pop(str(ServedName(model, step)), None)
 
     def forget(self, served: str) -> None:
         """Stop serving `served` (its checkpoint is being deleted); never a model's latest.
         Requests running on it finish; the engine drops it when its slot is next needed."""
-        name, _, step = served.partition("@")
-        if self.latest.get(name) == int(step or -1):
+        parsed = ServedName.parse(served)
+        name = parsed.model if parsed else ServedName.split(served)[0]
+        if parsed is not None and self.latest.get(name) == parsed.step:
             raise ConfigError(
                 f"{served} is the latest step of {name!r}; fix: train a newer step first"
             )
@@ -160,7 +158,7 @@ class Router:
         """After an engine restart: load each model's latest adapter again. The others
         this router had loaded are forgotten as loaded and come back on demand."""
         async with self._load_lock:
-            wanted = {f"{m}@{s}" for m, s in self.latest.items() if s > 0}
+            wanted = {str(ServedName(m, s)) for m, s in self.latest.items() if s > 0}
             for engine_name in list(self._loaded):
                 if engine_name not in wanted:
                     self._loaded.pop(engine_name)

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rlcoach.models.served_name import ServedName
 from rlcoach.trajectory.trajectories import Trajectory, TrajectoryGroup
 
 __all__ = ["Staleness", "drop_stale", "trajectory_version"]
@@ -54,12 +55,11 @@ class Staleness:
 
 def trajectory_version(trajectory: Trajectory, model_name: str) -> int | None:
     """The oldest version of `model_name` that sampled one of the trajectory's choices."""
-    prefix = model_name + "@"
     versions = [
         c.policy_version
         for history in trajectory.histories()
         for c in history.choices
-        if c.policy_version is not None and c.policy.startswith(prefix)
+        if c.policy_version is not None and ServedName.split(c.policy)[0] == model_name
     ]
     return min(versions) if versions else None
 

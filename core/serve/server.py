@@ -71,6 +71,7 @@ from rlcoach.config import check_name
 from rlcoach.endpoint.gateway import ROLLOUT_HEADER
 from rlcoach.errors import ConfigError, TrainingDataError
 from rlcoach.model import TrainableModel
+from rlcoach.models.served_name import ServedName
 from rlcoach.paths import RunPaths
 from rlcoach.serve.access import AccessGuard, check_exposure, is_loopback
 from rlcoach.serve.refusal import Refusal
@@ -519,7 +520,7 @@ class PolicyServer:
             raise Refusal(
                 404, f"{p['project']}/{p['name']} has no checkpoint {step}", code="not_found"
             )
-        await stop_serving(self.backend.gateway, f"{p['name']}@{step}")
+        await stop_serving(self.backend.gateway, str(ServedName(p["name"], step)))
         await asyncio.to_thread(remove_checkpoint, folder)
         self.counters["checkpoints_deleted"] += 1
         return JSONResponse({"deleted": step})

@@ -40,6 +40,7 @@ from rlcoach.backend.retention import RetentionConfig, apply_retention
 from rlcoach.endpoint.gateway import Gateway
 from rlcoach.errors import ConfigError, EngineError, RLCoachError, TrainingDataError
 from rlcoach.model import TrainableModel
+from rlcoach.models.served_name import ServedName
 from rlcoach.paths import RunPaths, write_text_atomic
 from rlcoach.serve.refusal import Refusal
 from rlcoach.serve.step_records import finished_step, step_result_wire
@@ -204,7 +205,7 @@ class TrainingRequests:
                 apply_retention, paths, self.retention, model.step, self.root / "logs"
             )
             for step in removed.checkpoints:
-                await stop_serving(gateway, f"{model.name}@{step}")
+                await stop_serving(gateway, str(ServedName(model.name, step)))
         except Exception:
             logger.exception("pruning %s failed (the step itself is done)", paths.dir)
             return

@@ -45,6 +45,7 @@ from pydantic import (
 )
 
 from rlcoach.errors import DataError, TrainingDataError
+from rlcoach.models.served_name import ServedName
 from rlcoach.paths import write_text_atomic
 from rlcoach.trajectory.client_choices import (
     ClientChoice,
@@ -128,10 +129,8 @@ positions, the `constraint`); only recorded copies carry it."""
 
 def policy_version_of(served_name: object) -> int | None:
     """The step of a served name `name@step` (None for a name without `@<digits>`)."""
-    if not isinstance(served_name, str):
-        return None
-    _, at, step = served_name.rpartition("@")
-    return int(step) if at and step.isdigit() else None
+    parsed = ServedName.parse(served_name)
+    return parsed.step if parsed is not None else None
 
 
 class SampledChoice(BaseModel):
