@@ -22,11 +22,15 @@ the placement names several training GPUs (or `cpu_train_ranks` asks for CPU ran
 log under `<root>/logs/`. Ranks that died are replaced at the next step from the latest
 checkpoint.
 
-`Backend` is the protocol a `TrainableModel` needs from any backend; `RemoteBackend`
-(remote.py) implements it over HTTP against `rlcoach serve`, so user code switches
-between the two by one line. A step trained for a request id (the server passes the
-client's) records that id inside its checkpoint folder, so a retried request is
-recognised as done once the step has committed, even if the server died right after.
+`LocalBackend` is an assembly of parts: the engine host (engine_host.py: the engine, the
+gateway, what they say about the machine), the trainer leases (trainer_leases.py), the
+step runner (step.py: a step trained, then committed, set aside or failed), and the sinks
+and metrics ledger of each registered model. `Backend` (protocol.py) is what a
+`TrainableModel` needs from any backend; `RemoteBackend` implements it over HTTP against
+`rlcoach serve`, so user code switches between the two by one line. A step trained for a
+request id (the server passes the client's) records that id inside its checkpoint
+folder, so a retried request is recognised as done once the step has committed, even if
+the server died right after.
 
 Each registered model gets a `SinkSet` (sinks.py): the disk record (trajectories before
 the step, a line of `metrics.jsonl` after its commit, written again from the checkpoint
@@ -38,71 +42,35 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
-import gc
-import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal
 
-from rlcoach.backend.colocation import (
-    check_sleep_mode,
-    release_gpu_cache,
-    sleep_engine,
-    wake_engine,
-)
-from rlcoach.backend.step_commit import (
-    STEP_RECORD,
-    MetricsLedger,
-    StepResult,
-    TrainedStep,
-    commit_step,
-    matches_checkpoint,
-    set_aside,
-)
-from rlcoach.backend.supervisor import EngineSupervisor, RestartableEngine
-from rlcoach.backend.training_input import (
-    TrainingLimits,
-    check_examples,
-    check_groups,
-    training_limits,
-)
+from rlcoach.backend.engine_host import EngineHost
+from rlcoach.backend.protocol import Backend, StepResult
+from rlcoach.backend.step import StepRunner
+from rlcoach.backend.step_commit import STEP_RECORD, MetricsLedger
+from rlcoach.backend.supervisor import EngineSupervisor
+from rlcoach.backend.trainer_leases import TrainerLeases
+from rlcoach.backend.training_input import TrainingLimits, check_examples, check_groups
 from rlcoach.config import EngineConfig, SFTConfig, TrainConfig, parse_config
-from rlcoach.endpoint.gateway import Gateway, Recorder
-from rlcoach.endpoint.router import Router
+from rlcoach.endpoint.gateway import Gateway
 from rlcoach.engines.base import Engine
-from rlcoach.errors import ConfigError, TrainerError
+from rlcoach.errors import ConfigError
 from rlcoach.models.base_model import resolve_base_model, served_base_name
 from rlcoach.models.bundled import BUNDLED_MODEL
 from rlcoach.models.families import fallback_chat_template
 from rlcoach.models.served_name import ServedName
-from rlcoach.observe.sinks import (
-    Sink,
-    SinkConfig,
-    SinkSet,
-    open_sinks,
-    resolve_sinks,
-    run_info,
-)
-from rlcoach.paths import (
-    DEFAULT_ROOT,
-    RunPaths,
-    write_text_atomic,
-)
-from rlcoach.rollout.staleness import Staleness, drop_stale
-from rlcoach.runtime.failpoints import failpoint
-from rlcoach.runtime.heap import after_step
-from rlcoach.trainer.base import SFTStats, Trainer
-from rlcoach.trainer.pool import TrainerPool
+from rlcoach.observe.sinks import Sink, SinkConfig, SinkSet, open_sinks, resolve_sinks, run_info
+from rlcoach.paths import DEFAULT_ROOT, RunPaths
+from rlcoach.trainer.base import Trainer
 from rlcoach.trajectory.trajectories import ChatRecord, Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from rlcoach.model import TrainableModel
-    from rlcoach.runtime.placement import Placement
 
 __all__ = [
     "STEP_RECORD",
@@ -114,51 +82,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-@runtime_checkable
-class Backend(Protocol):
-    """What a `TrainableModel` needs from a backend: local (`LocalBackend`) or remote."""
-
-    @property
-    def url(self) -> str:
-        """Base URL of the policy endpoint (OpenAI-compatible under `/v1`)."""
-
-    @property
-    def api_key(self) -> str:
-        """The key to send to the policy endpoint."""
-
-    async def register(self, model: TrainableModel) -> None:
-        """Serve `model` (resuming from its latest checkpoint) and set `model.step`."""
-
-    async def train(
-        self,
-        model: TrainableModel,
-        groups: list[TrajectoryGroup],
-        config: TrainConfig | dict[str, Any] | None = None,
-    ) -> StepResult:
-        """One step on `groups`; returns once the new adapter is served."""
-
-    async def take_exchanges(self, rollout_id: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-        """The exchanges recorded for a rollout id (each returned once)."""
-
-    def paths(self, model: TrainableModel) -> RunPaths:
-        """Folders for the model's files on the machine that runs the user code."""
-
-    async def delete_checkpoints(
-        self,
-        model: TrainableModel,
-        best_checkpoint_metric: str = "val/reward",
-        *,
-        keep_last: int = 1,
-        keep_best: int = 1,
-        best_mode: Literal["max", "min"] = "max",
-    ) -> list[int]:
-        """Delete the model's old checkpoints but the latest, the `keep_last` newest and
-        the `keep_best` best by the metric (evaluation.py); return the deleted steps."""
-
-    async def close(self) -> None:
-        """Release what the backend holds (engine, connections)."""
 
 
 class LocalBackend:
@@ -199,22 +122,16 @@ class LocalBackend:
         self.max_trainers = max_trainers
         # Absolute, because the vLLM server resolves adapter paths from its own cwd.
         self.root = Path(root).absolute()
-        self.engine_config = parse_config(EngineConfig, engine)
-        self.engine: Engine | None = None
-        self.gateway: Gateway | None = None
-        self.base_model: str | None = None
-        self._model_path: Path | None = None
         self.step_wait_timeout_s = step_wait_timeout_s
-        self._pool = TrainerPool(max_trainers, wait_timeout_s=step_wait_timeout_s)
-        self._step_locks: dict[str, asyncio.Lock] = {}
-        self._tokenizer_cache: Any = None
-        self._limits: TrainingLimits | None = None
+        self.host = EngineHost(parse_config(EngineConfig, engine), self._make_engine)
+        self.leases = TrainerLeases(
+            self.host, self.root, self.paths, max_trainers, step_wait_timeout_s
+        )
         self._models: dict[str, TrainableModel] = {}
         self.sink_config, self._sink_objects = resolve_sinks(sinks)
         self._sinks: dict[str, SinkSet] = {}
         self._ledgers: dict[str, MetricsLedger] = {}
-        self.supervisor: EngineSupervisor | None = None
-        self._supervision: Any = None
+        self.steps = StepRunner(self.host, self.leases, self.sinks, self.paths, self._ledgers)
 
     @property
     def api_key(self) -> str:
@@ -241,21 +158,63 @@ class LocalBackend:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             pool.submit(asyncio.run, self.close()).result()
 
+    # The engine host's parts, under the names user code and tests have always used.
+    @property
+    def engine_config(self) -> EngineConfig:
+        return self.host.engine_config
+
+    @property
+    def engine(self) -> Engine | None:
+        return self.host.engine
+
+    @property
+    def gateway(self) -> Gateway | None:
+        return self.host.gateway
+
+    @property
+    def base_model(self) -> str | None:
+        return self.host.base_model
+
+    @property
+    def supervisor(self) -> EngineSupervisor | None:
+        return self.host.supervisor
+
+    @property
+    def _model_path(self) -> Path | None:
+        return self.host.model_path
+
+    @_model_path.setter
+    def _model_path(self, path: Path | None) -> None:  # tests that start no engine
+        self.host.model_path = path
+
+    def training_limits(self) -> TrainingLimits:
+        """The vocabulary and context that training input must fit (training_input.py)."""
+        return self.host.training_limits()
+
+    def _trainer(self, model: TrainableModel) -> Trainer:
+        """The model's trainer, made (or remade) as a step would (for tests and benches)."""
+        return self.leases.trainer(model)
+
+    @property
+    def _trainers(self) -> dict[str, Trainer]:
+        """The trainers in memory by model name, least recently used first."""
+        return self.leases.in_memory()
+
     async def start(self, base_model: str = BUNDLED_MODEL) -> None:
         """Start the engine and the gateway now (`register` does it on first use)."""
         if self.gateway is None:
-            await self._start(base_model, TrainConfig())
+            await self.host.start(base_model, TrainConfig())
 
     @property
     def can_overlap(self) -> bool:
         """Whether rollouts can run while a step trains without slowing each other down:
         on GPUs with the engine resident (not on a CPU, whose cores both would share, nor
         with a sleeping engine). The async pipeline's default (pipeline.py)."""
-        return self._placement() is not None and self.engine_config.colocation != "sleep"
+        return self.host.placement() is not None and self.engine_config.colocation != "sleep"
 
     def _make_engine(self, model_path: Path, base_name: str) -> Engine:
         """The engine `EngineConfig.kind` names (the one seam tests put a stand-in into)."""
-        c = self.engine_config
+        c = self.host.engine_config
         if c.kind == "vllm":
             from rlcoach.engines.vllm import VLLMEngine
 
@@ -279,53 +238,9 @@ class LocalBackend:
             dtype=c.dtype,
         )
 
-    async def _start(
-        self,
-        base_model: str,
-        train_config: TrainConfig,
-        engine_overrides: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Start the engine for `base_model`: `train_config` sizes the GPU memory check,
-        `engine_overrides` (a model's `EngineConfig` fields, from ART's `_internal_config`)
-        are applied to this backend's engine config first."""
-        self._model_path = await asyncio.to_thread(resolve_base_model, base_model)
-        if engine_overrides:
-            fields = {**self.engine_config.model_dump(), **engine_overrides}
-            fields["extra_args"] = [
-                *self.engine_config.extra_args,
-                *engine_overrides.get("extra_args", []),
-            ]
-            self.engine_config = parse_config(EngineConfig, fields)
-        c = self.engine_config
-        base_name = served_base_name(base_model)
-        engine = self._make_engine(self._model_path, base_name)
-        placement = getattr(engine, "placement", None)
-        resolved = placement() if callable(placement) else None
-        if resolved is not None:
-            from rlcoach.runtime.memory import check_gpu_memory
-
-            await asyncio.to_thread(check_gpu_memory, self._model_path, c, train_config, resolved)
-        if c.colocation == "sleep":
-            gpus = (resolved.serve_gpus, resolved.train_gpus) if resolved else ((), ())
-            check_sleep_mode(engine, *gpus)
-        recorder = Recorder(c.max_recorded_rollouts, ttl_s=c.recording_ttl_s)
-        router = Router(engine, c.max_loras, wait_timeout_s=c.adapter_wait_timeout_s)
-        gateway = Gateway(engine, router, c.host, c.port, recorder=recorder)
-        gateway.start()
-        try:
-            await gateway.call(engine.start(), timeout_s=c.startup_timeout_s + 60)
-        except BaseException:
-            await gateway.call(engine.close(), timeout_s=120)
-            gateway.stop()
-            raise
-        self.engine, self.gateway, self.base_model = engine, gateway, base_model
-        if isinstance(engine, RestartableEngine):
-            self.supervisor = EngineSupervisor(engine, gateway.router)
-            self._supervision = gateway.submit(self.supervisor.run())
-
     async def register(self, model: TrainableModel) -> None:
         if self.gateway is None:
-            await self._start(model.base_model, model.config, model.engine_overrides)
+            await self.host.start(model.base_model, model.config, model.engine_overrides)
         elif model.engine_overrides:
             logger.warning(
                 "model %s asks for engine settings %s, but the engine already runs; they "
@@ -340,9 +255,8 @@ class LocalBackend:
             )
         assert self.gateway is not None
         paths = self.paths(model)
-        self._check_lora_rank(model, paths)
-        step_lock = self._step_locks.get(model.name)
-        if step_lock is None or not step_lock.locked():  # else its step owns that folder
+        self.host.check_lora_rank(model, paths)
+        if not self.leases.stepping(model):  # else its step owns that folder
             for removed in await asyncio.to_thread(paths.remove_partial_checkpoints):
                 logger.warning("removed a partial checkpoint left by a crash: %s", removed)
         latest = paths.latest_checkpoint()
@@ -383,37 +297,6 @@ class LocalBackend:
                 written,
             )
 
-    def _check_lora_rank(self, model: TrainableModel, paths: RunPaths) -> None:
-        """Refuse a model whose adapters the engine would refuse at every publish."""
-        limit = self.engine_config.max_lora_rank
-        if self.engine_config.kind == "transformers":
-            return  # the in-process engine serves any rank
-        problem = None
-        if model.config.lora.rank > limit:
-            problem = f"trains a LoRA of rank {model.config.lora.rank}"
-        elif (latest := paths.latest_checkpoint()) is not None:
-            try:
-                rank = int(json.loads((latest[1] / "adapter_config.json").read_text())["r"])
-            except (OSError, ValueError, KeyError, TypeError):
-                rank = 0  # unreadable: loading it will say why
-            if rank > limit:
-                problem = f"resumes from checkpoint {latest[1]}, a LoRA of rank {rank}"
-        if problem is not None:
-            raise ConfigError(
-                f"model {model.name!r} {problem}, but the engine serves adapters up to rank "
-                f"{limit} (EngineConfig.max_lora_rank), so every publish would fail; fix: "
-                "start the engine with a max_lora_rank at least that large "
-                "(`rlcoach serve --max-lora-rank`), or train a smaller rank under a new name"
-            )
-
-    def training_limits(self) -> TrainingLimits:
-        """The vocabulary and context that training input must fit (training_input.py)."""
-        if self._limits is None:
-            if self._model_path is None:
-                raise ConfigError("the backend is not started; register a model first")
-            self._limits = training_limits(self._model_path, self.engine_config.max_model_len)
-        return self._limits
-
     def sinks(self, model: TrainableModel) -> SinkSet:
         """The sinks recording `model`'s run (the disk record and the plug-ins)."""
         if model.name not in self._sinks:
@@ -427,104 +310,6 @@ class LocalBackend:
         if self.gateway is None:
             return []
         return self.gateway.recorder.take(rollout_id)
-
-    def _placement(self) -> Placement | None:
-        """The engine's GPU placement (None on a CPU or for an engine without one)."""
-        placement = getattr(self.engine, "placement", None)
-        return placement() if callable(placement) else None
-
-    def _train_device(self) -> str | None:
-        """The trainer's GPU from the engine's placement (None: the trainer's default)."""
-        resolved = self._placement()
-        return resolved.train_device() if resolved is not None else None
-
-    def _train_ranks(self) -> int:
-        """How many ranks train: the training GPUs, or the CPU ranks asked for (1: one
-        process, `LoraTrainer`)."""
-        resolved = self._placement()
-        if resolved is not None:
-            return len(resolved.train_gpus)
-        return max(self.engine_config.placement.cpu_train_ranks, 1)
-
-    def _make_trainer(self, model: TrainableModel) -> Trainer:
-        assert self._model_path is not None
-        ranks = self._train_ranks()
-        if ranks == 1:
-            from rlcoach.trainer.lora import LoraTrainer
-
-            return LoraTrainer(self._model_path, model.config, device=self._train_device())
-        from rlcoach.trainer.distributed import DistributedTrainer
-
-        resolved = self._placement()
-        log = self.root / "logs" / f"trainer-{model.name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
-        if resolved is None:  # CPU ranks
-            return DistributedTrainer(
-                self._model_path, model.config, ranks=ranks, backend="gloo", log_file=log
-            )
-        env = resolved.train_env(os.environ.get("CUDA_VISIBLE_DEVICES"))
-        return DistributedTrainer(
-            self._model_path, model.config, ranks=ranks, backend="nccl", env=env, log_file=log
-        )
-
-    def _load_trainer(self, model: TrainableModel) -> Trainer:
-        """A new trainer for `model`, resumed from its latest complete checkpoint (which
-        holds its adapter and optimizer state, so it resumes exactly)."""
-        gc.collect()
-        trainer = self._make_trainer(model)
-        latest = self.paths(model).latest_checkpoint()
-        if latest is not None:
-            try:
-                trainer.load(latest[1])
-            except BaseException:
-                trainer.close()
-                raise
-        return trainer
-
-    @contextlib.asynccontextmanager
-    async def _leased_trainer(self, model: TrainableModel) -> AsyncIterator[_Lease]:
-        """`model`'s trainer for one step (trainer/pool.py: at most `max_trainers` in
-        memory, one in use never closed for another model). Unless the step marks the
-        lease `kept`, the trainer is dropped at the end: a step that failed or was
-        cancelled past its optimizer step left it ahead of the latest checkpoint, and the
-        next step makes a new one from that checkpoint."""
-        trainer = await asyncio.to_thread(
-            self._pool.acquire, model.name, lambda: self._load_trainer(model)
-        )
-        lease = _Lease(trainer)
-        try:
-            yield lease
-        finally:
-            await asyncio.to_thread(self._pool.release, model.name, trainer, discard=not lease.kept)
-            await asyncio.to_thread(after_step)
-
-    @contextlib.asynccontextmanager
-    async def _step_lock(self, model: TrainableModel) -> AsyncIterator[None]:
-        """One step at a time per model (waiting at most `step_wait_timeout_s`)."""
-        lock = self._step_locks.setdefault(model.name, asyncio.Lock())
-        try:
-            await asyncio.wait_for(lock.acquire(), self.step_wait_timeout_s)
-        except TimeoutError as e:
-            raise TrainerError(
-                f"another step of {model.name!r} held its trainer for more than "
-                f"{self.step_wait_timeout_s:.0f} s (LocalBackend(step_wait_timeout_s=...)); "
-                "fix: retry once it finishes"
-            ) from e
-        try:
-            yield
-        finally:
-            lock.release()
-
-    def _trainer(self, model: TrainableModel) -> Trainer:
-        """The model's trainer, made (or remade) as a step would (for tests and benches;
-        steps lease it with `_leased_trainer`)."""
-        trainer = self._pool.acquire(model.name, lambda: self._load_trainer(model))
-        self._pool.release(model.name, trainer)
-        return trainer
-
-    @property
-    def _trainers(self) -> dict[str, Trainer]:
-        """The trainers in memory by model name, least recently used first."""
-        return {name: t for name in self._pool.names() if (t := self._pool.peek(name))}
 
     async def train(
         self,
@@ -545,154 +330,14 @@ class LocalBackend:
         if self.gateway is None or model.name not in self._models:
             raise ConfigError(f"model {model.name!r} is not registered with this backend")
         train_config = parse_config(TrainConfig, config) if config is not None else model.config
-        await asyncio.to_thread(check_groups, groups, self.training_limits())
+        await asyncio.to_thread(check_groups, groups, self.host.training_limits())
         if fields:
             from rlcoach.compat.art_config import train_options
 
             update = train_options(fields)
             train_config = parse_config(TrainConfig, {**train_config.model_dump(), **update})
-        async with self._step_lock(model):
-            return await self._train_step(model, groups, train_config, request_id)
-
-    async def _train_step(
-        self,
-        model: TrainableModel,
-        groups: list[TrajectoryGroup],
-        train_config: TrainConfig,
-        request_id: str | None,
-    ) -> StepResult:
-        """`train` under the model's step lock: the step is wholly made latest (its
-        checkpoint committed, `_publish_step`) or wholly rolled back (nothing of it on
-        disk or served, the trainer made again from the latest checkpoint)."""
-        started = time.perf_counter()
-        sinks = self.sinks(model)
-        next_step = model.step + 1
-        # Rendering checks client-built trajectories first: a refused one leaves no trace.
-        # Rendered replies have no policy version, so the staleness bound keeps them.
-        exact, rendering = await asyncio.to_thread(self._render, groups)
-        sinks.log_trajectories(next_step, groups)
-        fresh, staleness = drop_stale(exact, model.name, model.step, train_config.max_staleness)
-        if staleness.stale_dropped:
-            logger.warning(
-                "step %d: %d trajectories sampled more than max_staleness=%d versions before "
-                "%s are not trained",
-                next_step,
-                staleness.stale_dropped,
-                train_config.max_staleness,
-                model.served_name,
-            )
-        timings: dict[str, float] = {}
-        try:
-            async with contextlib.AsyncExitStack() as held:
-                # The trainer is made while a colocated engine sleeps (GPU memory) and
-                # held until the step is committed or rolled back.
-                async with self._engine_asleep(timings):
-                    lease = await held.enter_async_context(self._leased_trainer(model))
-                    stats = await asyncio.to_thread(lease.trainer.step, fresh, train_config)
-                failpoint("step.trained")
-                trained = TrainedStep(stats, groups, started, staleness, timings, rendering)
-                if stats.trained:
-                    step_record = {"request_id": request_id, "stats": stats.as_dict()}
-                    result = await self._commit(model, lease.trainer, trained, step_record)
-                lease.kept = matches_checkpoint(stats)
-        except Exception as e:
-            await self._open_requests()
-            await self._step_failed(model, next_step, e, staleness, started)
-            raise
-        if not stats.trained:
-            await self._open_requests()
-            return await self._skipped(model, next_step, trained)
-        return result
-
-    async def _skipped(self, model: TrainableModel, step: int, trained: TrainedStep) -> StepResult:
-        """An RL step or SFT run that trained nothing (no reward variance, or a value that
-        was not finite): its input is moved aside (`<step>-skip<k>.jsonl`, so the next
-        attempt at `step` cannot overwrite it) and a `skipped` record says why."""
-        sinks, stats = self.sinks(model), trained.stats
-        if isinstance(stats, SFTStats):
-            examples = self.paths(model).dir / "sft" / f"{step:06d}.jsonl"
-            skip, _ = await asyncio.to_thread(set_aside, examples, "skip")
-        else:
-            skip = await asyncio.to_thread(sinks.mark_skipped, step)
-        if stats.non_finite:
-            why = (
-                f"the loss or gradient norm of mini-batch {stats.non_finite} was not "
-                "finite; nothing was saved or published"
-            )
-        else:
-            why = "no group had reward variance; nothing trained"
-        logger.warning(
-            "step %d, attempt skipped %d: %s (the model stays at step %d)",
-            step,
-            skip,
-            why,
-            model.step,
-        )
-        result = trained.result(model.step)
-        metrics = trained.metrics(model.name, step, "skipped", result, skip)
-        await asyncio.to_thread(sinks.log_metrics, step, metrics)
-        return result
-
-    @contextlib.asynccontextmanager
-    async def _engine_asleep(self, timings: dict[str, float]) -> AsyncIterator[None]:
-        """With `colocation="sleep"`, the engine sleeps inside this block and wakes after
-        it, failed or not (colocation.py); new requests wait at the router until the next
-        publish or `_open_requests`. Otherwise nothing happens."""
-        if self.engine_config.colocation != "sleep" or self.gateway is None:
-            yield
-            return
-        engine: Any = self.engine
-        timings["sleep_seconds"] = await self.gateway.call(
-            sleep_engine(self.gateway.router, engine)
-        )
-        try:
-            yield
-        finally:
-            await asyncio.to_thread(release_gpu_cache)
-            timings["wake_seconds"] = await self.gateway.call(wake_engine(engine))
-
-    async def _open_requests(self) -> None:
-        """Let requests held for a sleeping engine through (a publish does it too)."""
-        if self.engine_config.colocation == "sleep" and self.gateway is not None:
-            await self.gateway.call(self.gateway.router.open_requests())
-
-    async def _step_failed(
-        self,
-        model: TrainableModel,
-        step: int,
-        error: Exception,
-        staleness: Staleness,
-        started: float,
-    ) -> None:
-        """After a step failed (its trainer already dropped by its lease, so the next step
-        starts from the latest checkpoint): the batch stays on disk beside the trajectory
-        files (the next step's would overwrite it), and the failure is a metrics record.
-        The caller re-raises."""
-        batch = self.paths(model).trajectory_file(step)
-        kept = batch.with_name(f"{batch.stem}-failed?.jsonl")
-        with contextlib.suppress(OSError):
-            _, kept = set_aside(batch, "failed")
-        logger.error("step %d failed (%r); its batch is kept in %s", step, error, kept)
-        record = {
-            "event": "failed",
-            "error": f"{type(error).__name__}: {error}",
-            "batch_file": str(kept),
-            **staleness.as_dict(),
-            "step_seconds": time.perf_counter() - started,
-            "policy": model.served_name,
-        }
-        self.sinks(model).log_metrics(step, record)
-
-    def _render(self, groups: list[TrajectoryGroup]) -> tuple[list[TrajectoryGroup], dict]:
-        """Client-built trajectories rendered with the chat template (trainer/render.py);
-        recorded ones pass as they are."""
-        from rlcoach.trainer.render import RenderStats, client_built, render_groups
-
-        if not client_built(groups):
-            return groups, RenderStats().as_dict()
-        rendered, stats = render_groups(groups, self._tokenizer(), self._model_path)
-        logger.info("rendered %d client-built trajectories: %s", stats.trajectories, stats)
-        return rendered, stats.as_dict()
+        async with self.leases.step_lock(model):
+            return await self.steps.rl(model, groups, train_config, request_id)
 
     async def train_sft(
         self,
@@ -711,7 +356,7 @@ class LocalBackend:
         """
         if self.gateway is None or model.name not in self._models:
             raise ConfigError(f"model {model.name!r} is not registered with this backend")
-        if (ranks := self._train_ranks()) > 1:
+        if (ranks := self.host.train_ranks()) > 1:
             raise ConfigError(
                 f"train_sft on {ranks} training ranks: SFT on the distributed trainer is not "
                 "built yet (only RL steps are); fix: run SFT with one training GPU (or "
@@ -719,62 +364,13 @@ class LocalBackend:
             )
         sft_config = parse_config(SFTConfig, config)
         items = list(data)
-        await asyncio.to_thread(check_examples, items, self.training_limits())
+        await asyncio.to_thread(check_examples, items, self.host.training_limits())
         if not items:
             raise ConfigError(
                 "train_sft got no examples; fix: pass at least one Trajectory or ChatRecord"
             )
-        async with self._step_lock(model):
-            return await self._sft_step(model, items, sft_config, progress, request_id)
-
-    async def _sft_step(
-        self,
-        model: TrainableModel,
-        items: list[Trajectory | ChatRecord],
-        sft_config: SFTConfig,
-        progress: bool,
-        request_id: str | None,
-    ) -> StepResult:
-        """`train_sft` under the model's step lock; committed or rolled back as a step."""
-        from rlcoach.trainer.lora import LoraTrainer
-        from rlcoach.trainer.sft import sft_sequences, sft_train
-
-        started = time.perf_counter()
-        next_step = model.step + 1
-        await asyncio.to_thread(
-            write_text_atomic,
-            self.paths(model).dir / "sft" / f"{next_step:06d}.jsonl",
-            "".join(item.model_dump_json() + "\n" for item in items),
-        )
-        tokenizer = await asyncio.to_thread(self._tokenizer)
-        sequences = await asyncio.to_thread(sft_sequences, items, tokenizer)
-        timings: dict[str, float] = {}
-        try:
-            async with contextlib.AsyncExitStack() as held:
-                async with self._engine_asleep(timings):  # the trainer made while it sleeps
-                    lease = await held.enter_async_context(self._leased_trainer(model))
-                    trainer = lease.trainer
-                    assert isinstance(trainer, LoraTrainer)  # one training rank: checked above
-                    stats = await asyncio.to_thread(
-                        sft_train, trainer, sequences, sft_config, len(items), progress
-                    )
-                if not stats.trained and not stats.non_finite:
-                    lease.kept = True  # no optimizer step ran
-                    raise ConfigError(
-                        "the SFT examples hold no assistant token to train on; fix: "
-                        "include the assistant turns the model should imitate"
-                    )
-                trained = TrainedStep(stats, [], started, timings=timings)
-                if stats.trained:
-                    step_record = {"request_id": request_id, "kind": "sft"}
-                    step_record["stats"] = stats.as_dict()
-                    result = await self._commit(model, trainer, trained, step_record)
-                lease.kept = matches_checkpoint(stats)
-        finally:
-            await self._open_requests()
-        if not stats.trained:
-            return await self._skipped(model, next_step, trained)
-        return result
+        async with self.leases.step_lock(model):
+            return await self.steps.sft(model, items, sft_config, progress, request_id)
 
     async def log(
         self,
@@ -809,7 +405,7 @@ class LocalBackend:
             if self.gateway is not None:
                 self.gateway.router.checkpoints.pop(str(ServedName(model.name, step)), None)
 
-        async with self._step_lock(model):
+        async with self.leases.step_lock(model):
             return await asyncio.to_thread(
                 delete_checkpoints,
                 self.paths(model),
@@ -821,90 +417,9 @@ class LocalBackend:
                 forget=forget,
             )
 
-    def _tokenizer(self) -> Any:
-        if self._tokenizer_cache is None:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(self._model_path)
-            if self.engine_config.chat_template is not None:
-                tokenizer.chat_template = self.engine_config.chat_template.read_text()
-            elif (fallback := fallback_chat_template(self._model_path)) is not None:
-                tokenizer.chat_template = fallback
-            self._tokenizer_cache = tokenizer
-        return self._tokenizer_cache
-
-    async def _commit(
-        self,
-        model: TrainableModel,
-        trainer: Trainer,
-        trained: TrainedStep,
-        step_record: dict[str, Any],
-    ) -> StepResult:
-        """Make the trained adapter the model's next step, or nothing of it
-        (step_commit.py: its folder, publish, metrics record and commit point; on any
-        failure before the commit the router serves the previous step again, the folder is
-        removed, and the caller's lease drops the trainer). After the commit the step's
-        `metrics.jsonl` line is written (`_after_commit`)."""
-        assert self.gateway is not None
-        sinks = self.sinks(model)
-        step = model.step + 1
-        event = "sft" if isinstance(trained.stats, SFTStats) else "train"
-
-        def metrics_record(folder: Path, save_seconds: float, publish_seconds: float) -> dict:
-            done = trained.result(step, folder, save_seconds, publish_seconds)
-            return sinks.metrics_record(step, trained.metrics(model.name, step, event, done))
-
-        committed = await commit_step(
-            self.gateway,
-            model.name,
-            trainer,
-            self.paths(model),
-            step,
-            model.step,
-            step_record,
-            metrics_record,
-        )
-        model.step = step
-        await asyncio.to_thread(self._after_commit, model)
-        return trained.result(
-            step, committed.folder, committed.save_seconds, committed.publish_seconds
-        )
-
-    def _after_commit(self, model: TrainableModel) -> None:
-        """The committed step's `metrics.jsonl` line (and any a crash lost). Nothing here
-        fails the step: a line not written now is written by the next commit or
-        registration (step_commit.MetricsLedger)."""
-        try:
-            failpoint("step.committed")
-            self._ledgers[model.name].sync(upto=model.step)
-        except Exception:
-            logger.exception(
-                "step %d of %s is committed, but its metrics.jsonl line could not be written "
-                "yet; the next step or registration writes it",
-                model.step,
-                model.name,
-            )
-
     async def close(self) -> None:
-        await asyncio.to_thread(self._pool.close)
+        await asyncio.to_thread(self.leases.close)
         for sinks in self._sinks.values():
             await asyncio.to_thread(sinks.close)
         self._sinks.clear()
-        if self._supervision is not None:
-            self._supervision.cancel()
-            self._supervision = None
-        if self.gateway is not None and self.engine is not None:
-            await self.gateway.call(self.engine.close())
-            self.gateway.stop()
-        self.gateway = None
-        self.engine = None
-
-
-@dataclass
-class _Lease:
-    """A step's hold on its model's trainer (`LocalBackend._leased_trainer`)."""
-
-    trainer: Trainer
-    kept: bool = False
-    """Set by the step once the trainer matches the latest checkpoint again (committed, or
-    no update ran); otherwise it is dropped at the end of the lease."""
+        await self.host.close()

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlcoach.backend.protocol import StepResult
 from rlcoach.errors import CheckpointError, RLCoachError
 from rlcoach.models.served_name import ServedName
 from rlcoach.observe.sinks import rollout_metrics
@@ -70,7 +71,6 @@ __all__ = [
     "STEP_RECORD",
     "Committed",
     "MetricsLedger",
-    "StepResult",
     "TrainedStep",
     "commit_step",
     "matches_checkpoint",
@@ -90,46 +90,6 @@ commit point (so a committed step always has its line, see `MetricsLedger`)."""
 
 COMMITTED_EVENTS = ("train", "sft")
 """The `event` of a committed step's metrics record."""
-
-
-@dataclass(frozen=True, slots=True)
-class StepResult:
-    """What `train()` did: the new step, the trainer's stats, publish timings."""
-
-    step: int
-    stats: StepStats | SFTStats
-    checkpoint: Path | None
-    publish_seconds: float
-    save_seconds: float
-    staleness: Staleness | None = None
-    """What the staleness bound dropped (staleness.py); None for SFT."""
-    timings: dict[str, float] = field(default_factory=dict)
-    """Phases of the step beside training, in seconds: `sleep_seconds` and
-    `wake_seconds` of a sleeping engine (colocation.py)."""
-    rendering: dict[str, float] = field(default_factory=dict)
-    """Client-built trajectories rendered for this step (trainer/render.py): how many,
-    tokens re-tokenized, tokens without sampler log-probs."""
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "publish_seconds": self.publish_seconds,
-            "save_seconds": self.save_seconds,
-            **self.timings,
-            **(self.staleness.as_dict() if self.staleness is not None else {}),
-            **self.stats.as_dict(),
-            **self.rendering,
-        }
-
-    @property
-    def metrics(self) -> dict[str, Any]:
-        """The step's numbers (ART's `TrainResult.metrics`): `as_dict()` without `step`."""
-        return {k: v for k, v in self.as_dict().items() if k != "step"}
-
-    @property
-    def checkpoint_path(self) -> str | None:
-        """The new checkpoint's folder as a string (ART's name), None if nothing trained."""
-        return None if self.checkpoint is None else str(self.checkpoint)
 
 
 @dataclass(frozen=True, slots=True)
