@@ -142,22 +142,7 @@ class TransformersEngine:
             self._model.enable_adapters()
 
     def _chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        import torch
-
-        tools = body.get("tools") or None
-        tool_choice = body.get("tool_choice", "auto")
-        try:
-            prompt_ids = self._tokenizer.apply_chat_template(
-                body["messages"],
-                tools=tools,
-                add_generation_prompt=True,
-                tokenize=True,
-                return_dict=False,
-            )
-        except Exception as e:
-            raise _bad_request(f"the messages do not fit the chat template: {e}", "messages") from e
-        if prompt_ids and isinstance(prompt_ids[0], list):
-            prompt_ids = prompt_ids[0]
+        prompt_ids = self._prompt_ids(body)
         room = self.max_model_len - len(prompt_ids)
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or room
         if room <= 0 or max_tokens > room:
@@ -167,7 +152,49 @@ class TransformersEngine:
                 "max_tokens",
             )
         n = int(body.get("n") or 1)
-        top_logprobs = int(body.get("top_logprobs") or 0)
+        completions, logprobs_S_N_V = self._generate(body, prompt_ids, int(max_tokens), n)
+        choices = [
+            self._choice(body, index, completions[index].tolist(), logprobs_S_N_V, int(max_tokens))
+            for index in range(n)
+        ]
+        completion_tokens = sum(len(choice["token_ids"]) for choice in choices)
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body["model"],
+            "choices": choices,
+            "prompt_token_ids": list(prompt_ids),
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": completion_tokens,
+                "total_tokens": len(prompt_ids) + completion_tokens,
+            },
+        }
+
+    def _prompt_ids(self, body: dict[str, Any]) -> list[int]:
+        """The request's messages (and tools) through the chat template, as token ids."""
+        try:
+            prompt_ids = self._tokenizer.apply_chat_template(
+                body["messages"],
+                tools=body.get("tools") or None,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+            )
+        except Exception as e:
+            raise _bad_request(f"the messages do not fit the chat template: {e}", "messages") from e
+        if prompt_ids and isinstance(prompt_ids[0], list):
+            prompt_ids = prompt_ids[0]
+        return prompt_ids
+
+    def _generate(
+        self, body: dict[str, Any], prompt_ids: list[int], max_tokens: int, n: int
+    ) -> tuple[Any, Any]:
+        """`n` completions of the prompt (token ids [N, S]) and every position's log-probs
+        [S, N, V], sampled as the request asks (temperature, top_p, seed, stop)."""
+        import torch
+
         temperature = body.get("temperature")
         temperature = 1.0 if temperature is None else float(temperature)
         top_p = float(body.get("top_p") or 1.0)
@@ -184,7 +211,7 @@ class TransformersEngine:
                 out = self._model.generate(
                     input_ids,
                     attention_mask=torch.ones_like(input_ids),
-                    max_new_tokens=int(max_tokens),
+                    max_new_tokens=max_tokens,
                     num_return_sequences=n,
                     eos_token_id=eos_id,
                     pad_token_id=eos_id,
@@ -196,56 +223,48 @@ class TransformersEngine:
                     **sampling,
                 )
             logits_S_N_V = torch.stack(out.logits, dim=0).float()
-        logprobs_S_N_V = torch.log_softmax(logits_S_N_V, dim=-1)
-        completions = out.sequences[:, len(prompt_ids) :]
-        choices = []
-        completion_tokens = 0
-        for index in range(n):
-            ids = completions[index].tolist()
-            if eos_id in ids:
-                ids = ids[: ids.index(eos_id) + 1]
-                finish = "stop"
-            else:
-                finish = "length" if len(ids) >= int(max_tokens) else "stop"
-            completion_tokens += len(ids)
-            logprobs = [float(logprobs_S_N_V[s, index, t]) for s, t in enumerate(ids)]
-            text = self._tokenizer.decode(ids, skip_special_tokens=True)
-            message: dict[str, Any] = {"role": "assistant", "content": text}
-            if tools and tool_choice != "none":
-                content, calls = parse_tool_calls(text)
-                if calls:
-                    message = {"role": "assistant", "content": content, "tool_calls": calls}
-                    finish = "tool_calls"
-            choices.append(
-                {
-                    "index": index,
-                    "message": message,
-                    "finish_reason": finish,
-                    "token_ids": ids,
-                    "logprobs": {
-                        "content": [
-                            {
-                                "token": self._tokenizer.decode([t]),
-                                "logprob": lp,
-                                "bytes": None,
-                                "top_logprobs": self._top(logprobs_S_N_V[s, index], top_logprobs),
-                            }
-                            for s, (t, lp) in enumerate(zip(ids, logprobs, strict=True))
-                        ]
-                    },
-                }
-            )
+        return out.sequences[:, len(prompt_ids) :], torch.log_softmax(logits_S_N_V, dim=-1)
+
+    def _choice(
+        self,
+        body: dict[str, Any],
+        index: int,
+        ids: list[int],
+        logprobs_S_N_V: Any,
+        max_tokens: int,
+    ) -> dict[str, Any]:
+        """One sampled completion as an OpenAI choice with token ids and log-probs (tool
+        calls parsed where the request offered tools)."""
+        eos_id = self._tokenizer.eos_token_id
+        if eos_id in ids:
+            ids = ids[: ids.index(eos_id) + 1]
+            finish = "stop"
+        else:
+            finish = "length" if len(ids) >= max_tokens else "stop"
+        logprobs = [float(logprobs_S_N_V[s, index, t]) for s, t in enumerate(ids)]
+        text = self._tokenizer.decode(ids, skip_special_tokens=True)
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if (body.get("tools") or None) and body.get("tool_choice", "auto") != "none":
+            content, calls = parse_tool_calls(text)
+            if calls:
+                message = {"role": "assistant", "content": content, "tool_calls": calls}
+                finish = "tool_calls"
+        top_logprobs = int(body.get("top_logprobs") or 0)
         return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body["model"],
-            "choices": choices,
-            "prompt_token_ids": list(prompt_ids),
-            "usage": {
-                "prompt_tokens": len(prompt_ids),
-                "completion_tokens": completion_tokens,
-                "total_tokens": len(prompt_ids) + completion_tokens,
+            "index": index,
+            "message": message,
+            "finish_reason": finish,
+            "token_ids": ids,
+            "logprobs": {
+                "content": [
+                    {
+                        "token": self._tokenizer.decode([t]),
+                        "logprob": lp,
+                        "bytes": None,
+                        "top_logprobs": self._top(logprobs_S_N_V[s, index], top_logprobs),
+                    }
+                    for s, (t, lp) in enumerate(zip(ids, logprobs, strict=True))
+                ]
             },
         }
 

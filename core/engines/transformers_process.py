@@ -29,6 +29,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
 from rlcoach.config import EngineConfig
 from rlcoach.engines.base import EngineHTTPError
 from rlcoach.engines.process import EngineProcess
@@ -90,22 +95,25 @@ async def _sse(events: list[dict[str, Any]]) -> Any:
     yield b"data: [DONE]\n\n"
 
 
-def _app(engine: Any, key: str, max_lora_rank: int) -> Any:
+class _VLLMRoutes:
     """The server half: vLLM's routes over a `TransformersEngine`."""
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse, Response, StreamingResponse
-    from starlette.routing import Route
 
+    def __init__(self, engine: Any, key: str, max_lora_rank: int) -> None:
+        self.engine = engine
+        self.key = key
+        self.max_lora_rank = max_lora_rank
+
+    @staticmethod
     def error(status: int, message: str) -> JSONResponse:
         kind = "invalid_request_error" if status < 500 else "server_error"
         body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
         return JSONResponse(body, status_code=status)
 
-    def authorized(request: Request) -> bool:
+    def authorized(self, request: Request) -> bool:
         given = request.headers.get("authorization", "")
-        return hmac.compare_digest(given.encode(), f"Bearer {key}".encode())
+        return hmac.compare_digest(given.encode(), f"Bearer {self.key}".encode())
 
+    @staticmethod
     async def body_of(request: Request) -> dict[str, Any] | None:
         try:
             body = json.loads(await request.body())
@@ -113,32 +121,32 @@ def _app(engine: Any, key: str, max_lora_rank: int) -> Any:
             return None
         return body if isinstance(body, dict) else None
 
-    async def health(request: Request) -> Response:
-        if await engine.healthy():
+    async def health(self, request: Request) -> Response:
+        if await self.engine.healthy():
             return JSONResponse({"status": "ok"})
-        return error(503, "the model is not loaded")
+        return self.error(503, "the model is not loaded")
 
-    async def chat(request: Request) -> Response:
-        if not authorized(request):
-            return error(401, "Unauthorized")
-        body = await body_of(request)
+    async def chat(self, request: Request) -> Response:
+        if not self.authorized(request):
+            return self.error(401, "Unauthorized")
+        body = await self.body_of(request)
         if body is None:
-            return error(400, "the body is not a JSON object")
+            return self.error(400, "the body is not a JSON object")
         try:
             if body.get("stream"):
-                events = [event async for event in engine.chat_stream(body)]
+                events = [event async for event in self.engine.chat_stream(body)]
                 return StreamingResponse(_sse(events), media_type="text/event-stream")
-            return JSONResponse(await engine.chat(body))
+            return JSONResponse(await self.engine.chat(body))
         except EngineHTTPError as e:
             return JSONResponse(e.body, status_code=e.status)
         except (TypeError, ValueError, KeyError) as e:
-            return error(400, f"bad request: {e!r}")
+            return self.error(400, f"bad request: {e!r}")
 
-    async def completions(request: Request) -> Response:
+    async def completions(self, request: Request) -> Response:
         # Only what the policy endpoint asks of it: the prompt log-probs of token ids.
-        if not authorized(request):
-            return error(401, "Unauthorized")
-        body = await body_of(request)
+        if not self.authorized(request):
+            return self.error(401, "Unauthorized")
+        body = await self.body_of(request)
         prompt = (body or {}).get("prompt")
         if (
             body is None
@@ -147,65 +155,71 @@ def _app(engine: Any, key: str, max_lora_rank: int) -> Any:
             or not prompt
             or not all(isinstance(t, int) for t in prompt)
         ):
-            return error(400, "only `prompt` as token ids with `prompt_logprobs` is served")
+            return self.error(400, "only `prompt` as token ids with `prompt_logprobs` is served")
         try:
-            values = await engine.token_logprobs(str(body.get("model")), prompt, 0)
+            values = await self.engine.token_logprobs(str(body.get("model")), prompt, 0)
         except (TypeError, ValueError, KeyError) as e:
-            return error(400, f"bad request: {e!r}")
+            return self.error(400, f"bad request: {e!r}")
         positions = [None] + [
             {str(token): {"logprob": value, "rank": None}}
             for token, value in zip(prompt[1:], values[1:], strict=True)
         ]
         return JSONResponse({"choices": [{"index": 0, "prompt_logprobs": positions}]})
 
-    async def detokenize(request: Request) -> Response:
-        if not authorized(request):
-            return error(401, "Unauthorized")
-        body = await body_of(request)
+    async def detokenize(self, request: Request) -> Response:
+        if not self.authorized(request):
+            return self.error(401, "Unauthorized")
+        body = await self.body_of(request)
         tokens = (body or {}).get("tokens")
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-            return error(400, "`tokens` must be a list of token ids")
-        return JSONResponse({"prompt": await engine.detokenize(str(body.get("model")), tokens)})
+            return self.error(400, "`tokens` must be a list of token ids")
+        return JSONResponse(
+            {"prompt": await self.engine.detokenize(str(body.get("model")), tokens)}
+        )
 
-    async def load(request: Request) -> Response:
-        if not authorized(request):
-            return error(401, "Unauthorized")
-        body = await body_of(request)
+    async def load(self, request: Request) -> Response:
+        if not self.authorized(request):
+            return self.error(401, "Unauthorized")
+        body = await self.body_of(request)
         if body is None or not body.get("lora_name") or not body.get("lora_path"):
-            return error(400, "`lora_name` and `lora_path` are required")
+            return self.error(400, "`lora_name` and `lora_path` are required")
         path = Path(str(body["lora_path"]))
         try:
             rank = int(json.loads((path / "adapter_config.json").read_text())["r"])
         except (OSError, ValueError, KeyError, TypeError) as e:
-            return error(400, f"no loadable adapter at {path}: {e!r}")
-        if rank > max_lora_rank:
-            return error(400, f"LoRA rank {rank} is greater than max_lora_rank {max_lora_rank}")
+            return self.error(400, f"no loadable adapter at {path}: {e!r}")
+        if rank > self.max_lora_rank:
+            return self.error(
+                400, f"LoRA rank {rank} is greater than max_lora_rank {self.max_lora_rank}"
+            )
         try:
             failpoint("engine.load_adapter")  # the fault tests' refusal or crash here
-            await engine.load_adapter(str(body["lora_name"]), path)
+            await self.engine.load_adapter(str(body["lora_name"]), path)
         except Exception as e:  # peft's errors for a bad folder are of many kinds
-            return error(400, f"loading adapter {body['lora_name']!r} failed: {e!r}")
+            return self.error(400, f"loading adapter {body['lora_name']!r} failed: {e!r}")
         return Response("Success: LoRA adapter loaded", status_code=200)
 
-    async def unload(request: Request) -> Response:
-        if not authorized(request):
-            return error(401, "Unauthorized")
-        body = await body_of(request)
+    async def unload(self, request: Request) -> Response:
+        if not self.authorized(request):
+            return self.error(401, "Unauthorized")
+        body = await self.body_of(request)
         if body is None or not body.get("lora_name"):
-            return error(400, "`lora_name` is required")
-        await engine.unload_adapter(str(body["lora_name"]))
+            return self.error(400, "`lora_name` is required")
+        await self.engine.unload_adapter(str(body["lora_name"]))
         return Response("Success: LoRA adapter unloaded", status_code=200)
 
-    return Starlette(
-        routes=[
-            Route("/health", health, methods=["GET"]),
-            Route("/v1/chat/completions", chat, methods=["POST"]),
-            Route("/v1/completions", completions, methods=["POST"]),
-            Route("/detokenize", detokenize, methods=["POST"]),
-            Route("/v1/load_lora_adapter", load, methods=["POST"]),
-            Route("/v1/unload_lora_adapter", unload, methods=["POST"]),
-        ]
-    )
+    def app(self) -> Starlette:
+        """The ASGI app serving these routes."""
+        return Starlette(
+            routes=[
+                Route("/health", self.health, methods=["GET"]),
+                Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                Route("/v1/completions", self.completions, methods=["POST"]),
+                Route("/detokenize", self.detokenize, methods=["POST"]),
+                Route("/v1/load_lora_adapter", self.load, methods=["POST"]),
+                Route("/v1/unload_lora_adapter", self.unload, methods=["POST"]),
+            ]
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -238,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     asyncio.run(engine.start())
     uvicorn.run(
-        _app(engine, key, args.max_lora_rank),
+        _VLLMRoutes(engine, key, args.max_lora_rank).app(),
         uds=args.uds,
         log_level="warning",
         access_log=False,
