@@ -186,27 +186,6 @@ def tiny_chat_model(tmp_path_factory, model_path) -> Path:
     """A tiny random-weight Llama (hidden 64, two layers) with the bundled model's
     tokenizer and chat template: the transformers engine serves it and the real trainer
     steps it in well under a second, for tests of the loop rather than of learning."""
-    import shutil
+    from tiny_model import save_tiny_model
 
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    folder = tmp_path_factory.mktemp("tiny-chat")
-    config = LlamaConfig(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(model_path / name, folder / name)
-    return folder
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-chat"), model_path, hidden_size=64)

@@ -18,22 +18,9 @@ VOCAB = 256
 
 def save_tiny_llama(folder: Path) -> Path:
     """Write the tiny Llama's weights and config into `folder` and return it."""
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from tiny_model import save_tiny_model
 
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    return folder
+    return save_tiny_model(folder, vocab_size=VOCAB, hidden_size=64, max_positions=256)
 
 
 def tiny_groups(seed: int) -> list[TrajectoryGroup]:
