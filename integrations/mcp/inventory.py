@@ -39,13 +39,24 @@ def build_server() -> MCPServer:
         "rlcoach-inventory", instructions="A shop's stock and orders.", log_level="WARNING"
     )
     items = {sku: dict(item) for sku, item in CATALOG.items()}
-    orders: list[dict] = []
+    _add_item_tools(server, items)
+    _add_order_tools(server, items, [])
+    _add_catalog(server, items)
+    return server
+
+
+def _item_or_error(items: dict[str, dict], sku: str) -> dict:
+    item = items.get(sku.strip().upper())
+    if item is None:
+        raise ToolError(f"no item with SKU {sku!r}; search_items lists the SKUs")
+    return item
+
+
+def _add_item_tools(server: MCPServer, items: dict[str, dict]) -> None:
+    """Searching and reading items, and changing their stock."""
 
     def item_or_error(sku: str) -> dict:
-        item = items.get(sku.strip().upper())
-        if item is None:
-            raise ToolError(f"no item with SKU {sku!r}; search_items lists the SKUs")
-        return item
+        return _item_or_error(items, sku)
 
     @server.tool()
     def search_items(
@@ -77,6 +88,13 @@ def build_server() -> MCPServer:
         item["stock"] += change
         return {"sku": sku.strip().upper(), "stock": item["stock"]}
 
+
+def _add_order_tools(server: MCPServer, items: dict[str, dict], orders: list[dict]) -> None:
+    """Placing orders (out of stock) and listing them."""
+
+    def item_or_error(sku: str) -> dict:
+        return _item_or_error(items, sku)
+
     @server.tool()
     def create_order(
         sku: str,
@@ -106,6 +124,10 @@ def build_server() -> MCPServer:
         """The orders placed since this server started."""
         return list(orders)
 
+
+def _add_catalog(server: MCPServer, items: dict[str, dict]) -> None:
+    """The catalog as a resource, and a prompt about it."""
+
     @server.resource("inventory://catalog", mime_type="text/plain")
     def catalog() -> str:
         """Every item, one per line."""
@@ -121,8 +143,6 @@ def build_server() -> MCPServer:
             f"List every item with fewer than {threshold} units in stock and suggest "
             "how many to order."
         )
-
-    return server
 
 
 def main() -> None:
