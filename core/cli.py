@@ -174,6 +174,7 @@ def sft(
     from rlcoach.errors import RLCoachError
     from rlcoach.model import TrainableModel
     from rlcoach.models.bundled import BUNDLED_MODEL
+    from rlcoach.trainer.base import SFTStats
     from rlcoach.trainer.sft import load_sft_file
 
     async def run() -> str:
@@ -186,6 +187,7 @@ def sft(
             await model.register(backend)
             result = await model.train_sft(items, config, progress=True)
         s = result.stats
+        assert isinstance(s, SFTStats)  # train_sft's
         return (
             f"sft: {s.examples} examples, {s.sequences} sequences, {s.trained_tokens} "
             f"trained tokens, {s.optimizer_steps} optimizer steps, loss "

@@ -173,7 +173,7 @@ class Model:
             api_key=self._api_key(),
             max_retries=self.max_retries,
             timeout=self.timeout_s,
-            http_client=self.http_client(record=record),
+            http_client=self.http_client(record=record),  # type: ignore[arg-type]  # openai's stubs name their own httpx
             **kwargs,
         )
 
@@ -215,6 +215,9 @@ class PendingStep:
 
 class TrainableModel(Model):
     """The policy: base model + the LoRA that training produces, served as `name@step`."""
+
+    project: str
+    """The project's name (a folder of the run root); a plain `Model` may have none."""
 
     def __init__(
         self,

@@ -158,6 +158,9 @@ class EngineHost:
         if self._tokenizer is None:
             from transformers import AutoTokenizer
 
+            if self.model_path is None:
+                raise ConfigError("the backend is not started; register a model first")
+
             tokenizer = AutoTokenizer.from_pretrained(self.model_path)
             if self.engine_config.chat_template is not None:
                 tokenizer.chat_template = self.engine_config.chat_template.read_text()

@@ -138,7 +138,7 @@ async def run_pipeline(
         try:
             for j, index in enumerate(range(first, until_step)):
                 async with progress:
-                    await progress.wait_for(lambda j=j: finished >= j - lag)
+                    await progress.wait_for(lambda j=j: finished >= j - lag)  # type: ignore[misc]  # mypy cannot type a default-bound lambda
                 sampled_from = model.step
                 started = time.perf_counter()
                 groups = await batch(index)

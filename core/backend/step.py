@@ -155,8 +155,11 @@ class StepRunner:
                     )
                 trained = TrainedStep(stats, [], started, timings=timings)
                 if stats.trained:
-                    step_record = {"request_id": request_id, "kind": "sft"}
-                    step_record["stats"] = stats.as_dict()
+                    step_record = {
+                        "request_id": request_id,
+                        "kind": "sft",
+                        "stats": stats.as_dict(),
+                    }
                     result = await self._commit(model, trainer, trained, step_record)
                 lease.kept = matches_checkpoint(stats)
         finally:

@@ -21,6 +21,7 @@ from rlcoach.demo.task import Question, run_question, split_questions
 from rlcoach.model import TrainableModel
 from rlcoach.paths import append_jsonl
 from rlcoach.rollout.gather import gather_trajectory_groups
+from rlcoach.trainer.base import StepStats
 from rlcoach.trajectory.dataset import iterate_dataset
 
 if TYPE_CHECKING:
@@ -163,6 +164,7 @@ async def run_demo(config: DemoConfig) -> DemoResult:
             successes.append(success)
             failures = sum(len(g.failures) for g in groups)
             s = result.stats
+            assert isinstance(s, StepStats)  # an RL step's
             head = (
                 f"step {batch.step + 1:>3}  reward {reward:.3f}  success {success:.3f}  "
                 f"failed {failures}  rollouts {rollout_seconds:.1f}s  "

@@ -162,8 +162,8 @@ async def run_question(
         messages = question.messages()
         reply = await client.chat.completions.create(
             model=model.served_name,
-            messages=messages,
-            tools=[ADD_TOOL],
+            messages=messages,  # type: ignore[arg-type]  # plain dicts: OpenAI's JSON shape
+            tools=[ADD_TOOL],  # type: ignore[list-item]
             temperature=temperature,
             max_tokens=max_tokens,
         )
@@ -187,8 +187,8 @@ async def run_question(
             ]
             follow_up = await client.chat.completions.create(
                 model=model.served_name,
-                messages=messages,
-                tools=[ADD_TOOL],
+                messages=messages,  # type: ignore[arg-type]  # plain dicts: OpenAI's JSON shape
+                tools=[ADD_TOOL],  # type: ignore[list-item]
                 temperature=temperature,
                 max_tokens=max_tokens,
             )

@@ -184,12 +184,13 @@ class Router:
         the router no longer serves (a deleted checkpoint), then by use."""
         idle = [n for n in self._loaded if n != keep and self._inflight[n] == 0]
         forgotten = [n for n in idle if n not in self.checkpoints]
-        return (forgotten or idle or [None])[0]
+        candidates = forgotten or idle
+        return candidates[0] if candidates else None
 
     async def _evict_one(self, keep: str) -> None:
         async with self._idle:
             try:
-                victim = await asyncio.wait_for(
+                found = await asyncio.wait_for(
                     self._idle.wait_for(lambda: self._idle_victim(keep)), self.wait_timeout_s
                 )
             except TimeoutError as e:
@@ -199,6 +200,7 @@ class Router:
                     "loaded; retry shortly, or start the engine with a larger "
                     "EngineConfig.max_loras"
                 ) from e
+        victim = str(found)  # wait_for returned once a victim was found
         await self.engine.unload_adapter(victim)
         self._loaded.pop(victim, None)
 

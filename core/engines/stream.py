@@ -106,7 +106,7 @@ class CompletionAssembler:
 def completion_events(response: dict[str, Any], include_usage: bool) -> Iterator[bytes]:
     """One finished completion as chunk events (a first chunk per choice with its whole
     message, token ids and log-probs, then its finish), usage, and `[DONE]`."""
-    head = {k: response[k] for k in ("id", "created", "model") if k in response}
+    head: dict[str, Any] = {k: response[k] for k in ("id", "created", "model") if k in response}
     head["object"] = "chat.completion.chunk"
     for choice in response["choices"]:
         message = choice.get("message") or {}

@@ -171,7 +171,11 @@ class _VLLMRoutes:
             return self.error(401, "Unauthorized")
         body = await self.body_of(request)
         tokens = (body or {}).get("tokens")
-        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+        if (
+            body is None
+            or not isinstance(tokens, list)
+            or not all(isinstance(t, int) for t in tokens)
+        ):
             return self.error(400, "`tokens` must be a list of token ids")
         return JSONResponse(
             {"prompt": await self.engine.detokenize(str(body.get("model")), tokens)}

@@ -137,13 +137,13 @@ def shipped_model_path(name: str) -> Path:
             dtype=torch.bfloat16,
             quantization_config=GgufConfig(dequantize=True),
         )
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]  # dequantized: no quantizer
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         tokenizer.pad_token = tokenizer.eos_token
         if shipped.end_tokens:
-            ends = tokenizer.convert_tokens_to_ids(list(shipped.end_tokens))
+            ends: list[int] = tokenizer.convert_tokens_to_ids(list(shipped.end_tokens))  # type: ignore[assignment]  # a list in, a list out
             model.generation_config.eos_token_id = [tokenizer.eos_token_id, *ends]
         model.save_pretrained(work)
         tokenizer.chat_template = template_text

@@ -472,9 +472,9 @@ def rollout_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
     for key, values in sorted(per_metric.items()):
         out[f"rollout/{key}"] = sum(values) / len(values)
     for group in groups:
-        for key, value in group.metadata.items():
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                out[f"group/{key}"] = out.get(f"group/{key}", 0.0) + float(value)
+        for key, entry in group.metadata.items():
+            if isinstance(entry, int | float) and not isinstance(entry, bool):
+                out[f"group/{key}"] = out.get(f"group/{key}", 0.0) + float(entry)
     return out
 
 

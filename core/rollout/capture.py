@@ -25,6 +25,7 @@ import httpx
 from rlcoach.endpoint.gateway import ROLLOUT_HEADER
 from rlcoach.engines.stream import streamed_completion
 from rlcoach.rollout.scope import Rollout, current_rollout_id
+from rlcoach.trajectory.client_choices import MessageList
 from rlcoach.trajectory.histories import message_key
 from rlcoach.trajectory.trajectories import History, Message, Scalar
 
@@ -94,7 +95,7 @@ def _conversations(exchanges: list[tuple[dict[str, Any], dict[str, Any]]]) -> li
         if target is None:
             found.append(([], History(tools=request.get("tools") or None)))
             target = found[-1]
-        target[1].messages = [*messages, reply]
+        target[1].messages = MessageList([*messages, reply])
         target[0][:] = [*keys, message_key(reply)]
     return [history for _, history in found]
 

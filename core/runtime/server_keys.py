@@ -19,8 +19,11 @@ __all__ = ["CONNECTED_SERVERS", "ConnectedServer", "ServerKeys"]
 class ConnectedServer(Protocol):
     """What the registry reads of a connected backend."""
 
-    url: str
-    api_key: str | None
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def api_key(self) -> str | None: ...
 
 
 class ServerKeys:

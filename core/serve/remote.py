@@ -389,7 +389,8 @@ def _step_result(wire: StepResultWire) -> StepResult:
 
     kind = SFTStats if wire.kind == "sft" else StepStats
     # A field with a default may be missing from an older server's answer.
-    stats = kind(**{f.name: wire.stats[f.name] for f in fields(kind) if f.name in wire.stats})
+    given = {f.name: wire.stats[f.name] for f in fields(kind) if f.name in wire.stats}
+    stats = kind(**given)  # type: ignore[arg-type]  # the wire's numbers, typed per field by kind
     checkpoint = Path(wire.checkpoint) if wire.checkpoint else None  # relative to the server's root
     staleness = Staleness(**wire.staleness) if wire.staleness is not None else None  # type: ignore[arg-type]
     return StepResult(

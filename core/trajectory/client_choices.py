@@ -208,7 +208,7 @@ class MessagesAndChoicesView(MutableSequence[Any]):
     def _choice_object(message: Message, choice: ClientChoice) -> Any:
         from openai.types.chat.chat_completion import Choice
 
-        content = None
+        content: list[dict[str, Any]] | None = None
         if choice.logprobs is not None:
             tokens = choice.tokens or [""] * len(choice.logprobs)
             content = [

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from rlcoach.trajectory.client_choices import MessageList
 from rlcoach.trajectory.trajectories import History, Message, choice_from_response_json
 
 __all__ = ["assemble_histories", "content_text", "message_key", "parse_arguments"]
@@ -118,7 +119,7 @@ def assemble_histories(
                 last_call.append(number)
                 target = len(histories) - 1
             seen, history = histories[target]
-            history.messages = [*messages, choice.message]
+            history.messages = MessageList([*messages, choice.message])
             history.choices.append(choice)
             seen[:] = [*keys, message_key(choice.message)]
             last_call[target] = number
