@@ -67,6 +67,7 @@ from rlcoach.models.served_name import ServedName
 from rlcoach.observe.sinks import Sink, SinkConfig, SinkSet, open_sinks, resolve_sinks, run_info
 from rlcoach.paths import DEFAULT_ROOT, RunPaths
 from rlcoach.trainer.base import Trainer
+from rlcoach.trajectory.exchange import Exchange
 from rlcoach.trajectory.trajectories import ChatRecord, Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
@@ -306,7 +307,7 @@ class LocalBackend:
     def paths(self, model: TrainableModel) -> RunPaths:
         return RunPaths(self.root, model.project, model.name)
 
-    async def take_exchanges(self, rollout_id: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    async def take_exchanges(self, rollout_id: str) -> list[Exchange]:
         if self.gateway is None:
             return []
         return self.gateway.recorder.take(rollout_id)

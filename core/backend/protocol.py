@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from rlcoach.paths import RunPaths
     from rlcoach.rollout.staleness import Staleness
     from rlcoach.trainer.base import SFTStats, StepStats
+    from rlcoach.trajectory.exchange import Exchange
     from rlcoach.trajectory.trajectories import TrajectoryGroup
 
 __all__ = ["Backend", "StepResult"]
@@ -45,7 +46,7 @@ class Backend(Protocol):
     ) -> StepResult:
         """One step on `groups`; returns once the new adapter is served."""
 
-    async def take_exchanges(self, rollout_id: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    async def take_exchanges(self, rollout_id: str) -> list[Exchange]:
         """The exchanges recorded for a rollout id (each returned once)."""
 
     def paths(self, model: TrainableModel) -> RunPaths:

@@ -385,7 +385,7 @@ class Gateway:
 
     async def _take_rollout(self, request: Request) -> Response:
         exchanges = self.recorder.take(request.path_params["rollout_id"])
-        return JSONResponse({"exchanges": [{"request": q, "response": r} for q, r in exchanges]})
+        return JSONResponse({"exchanges": [e.as_wire() for e in exchanges]})
 
     # -- the serving thread --------------------------------------------------------------
 

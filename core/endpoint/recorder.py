@@ -12,15 +12,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, OrderedDict
-from typing import Any
+from typing import Any, NamedTuple
 
 from rlcoach.engines import fastjson
+from rlcoach.trajectory.exchange import Exchange
 from rlcoach.trajectory.histories import message_key
 
 __all__ = ["Exchange", "Recorder"]
-
-Exchange = tuple[dict[str, Any], dict[str, Any]]
-"""One recorded call: the client's request body and the response it got."""
 
 
 class Recorder:
@@ -47,10 +45,7 @@ class Recorder:
         self.ttl_s = ttl_s
         self._lock = threading.Lock()
         # Ordered by last touch, so the expired and the least recent are at the front.
-        # A response is a dict, or (raw JSON, keys to add) from `add_raw`.
-        self._exchanges: OrderedDict[str, tuple[float, list[tuple[dict[str, Any], Any]]]] = (
-            OrderedDict()
-        )
+        self._exchanges: OrderedDict[str, tuple[float, list[_Kept]]] = OrderedDict()
         self._dropped: Counter[str] = Counter()
 
     def add(self, rollout_id: str, request: dict[str, Any], response: dict[str, Any]) -> None:
@@ -74,7 +69,7 @@ class Recorder:
             if len(exchanges) >= self.max_exchanges:
                 self._dropped["exchanges_over_limit"] += 1
             else:
-                exchanges.append((request, response))
+                exchanges.append(_Kept(request, response))
             self._exchanges[rollout_id] = (now, exchanges)
 
     def take(self, rollout_id: str) -> list[Exchange]:
@@ -82,7 +77,7 @@ class Recorder:
             self._expire(time.monotonic())
             kept = self._exchanges.pop(rollout_id, (0.0, []))[1]
         with fastjson.gc_paused():
-            return [(request, _parsed(response)) for request, response in kept]
+            return [Exchange.recorded(request, _parsed(response)) for request, response in kept]
 
     def _expire(self, now: float) -> None:
         while self._exchanges:
@@ -111,7 +106,7 @@ class Recorder:
             exchanges = self._exchanges.get(rollout_id, (0.0, []))[1]
             for index, (request, response) in enumerate(exchanges):
                 if isinstance(response, tuple):  # parsed once, kept parsed (and annotated)
-                    exchanges[index] = (request, _parsed(response))
+                    exchanges[index] = _Kept(request, _parsed(response))
             exchanges = list(exchanges)
         found = {}
         for _, response in exchanges:
@@ -120,6 +115,14 @@ class Recorder:
                 if message.get("tool_calls"):
                     found[message_key({"role": "assistant", **message})] = choice
         return found
+
+
+class _Kept(NamedTuple):
+    """A call as kept until its rollout takes it: the response is a dict, or (raw JSON,
+    keys to add) from `add_raw`, parsed when taken."""
+
+    request: dict[str, Any]
+    response: Any
 
 
 def _parsed(response: Any) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from rlcoach.endpoint.gateway import ROLLOUT_HEADER
 from rlcoach.engines.stream import streamed_completion
 from rlcoach.rollout.scope import Rollout, current_rollout_id
 from rlcoach.trajectory.client_choices import MessageList
+from rlcoach.trajectory.exchange import Exchange
 from rlcoach.trajectory.histories import message_key
 from rlcoach.trajectory.trajectories import History, Message, Scalar
 
@@ -41,7 +42,7 @@ class ClientRecorder:
 
     def __init__(self) -> None:
         self._open: set[str] = set()
-        self._exchanges: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+        self._exchanges: dict[str, list[Exchange]] = {}
         self.errors = 0
         """Responses that could not be read as a chat completion (logged, not raised)."""
 
@@ -71,17 +72,18 @@ class ClientRecorder:
             self.errors += 1
             logger.warning("a chat completion of rollout %s could not be read: %s", rollout_id, e)
             return
-        self._exchanges.setdefault(rollout_id, []).append((request, body))
+        self._exchanges.setdefault(rollout_id, []).append(Exchange(request, body))
 
-    async def take_exchanges(self, rollout_id: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    async def take_exchanges(self, rollout_id: str) -> list[Exchange]:
         self._open.discard(rollout_id)
         return self._exchanges.pop(rollout_id, [])
 
 
-def _conversations(exchanges: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[History]:
+def _conversations(exchanges: list[Exchange]) -> list[History]:
     """Exchanges grouped into conversations: a call extending an earlier one continues it."""
     found: list[tuple[list[str], History]] = []
-    for request, response in exchanges:
+    for exchange in exchanges:
+        request, response = exchange.request, exchange.response
         messages: list[Message] = list(request.get("messages") or [])
         choices = response.get("choices") or []
         if not choices:

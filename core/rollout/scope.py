@@ -16,8 +16,9 @@ from __future__ import annotations
 import contextvars
 import time
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from rlcoach.trajectory.exchange import Exchange
 from rlcoach.trajectory.histories import assemble_histories
 from rlcoach.trajectory.trajectories import Message, Scalar, Trajectory
 
@@ -39,9 +40,7 @@ def current_rollout_id() -> str | None:
 class ExchangeSource(Protocol):
     """Where a rollout's recorded exchanges come from (a backend)."""
 
-    def take_exchanges(
-        self, rollout_id: str
-    ) -> Awaitable[list[tuple[dict[str, Any], dict[str, Any]]]]: ...
+    def take_exchanges(self, rollout_id: str) -> Awaitable[list[Exchange]]: ...
 
 
 class Rollout:

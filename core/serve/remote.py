@@ -49,6 +49,7 @@ from rlcoach.serve.wire import (
     TrainEvent,
     TrainRequest,
 )
+from rlcoach.trajectory.exchange import Exchange
 from rlcoach.trajectory.trajectories import ChatRecord, Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
@@ -135,9 +136,9 @@ class RemoteBackend:
     def paths(self, model: TrainableModel) -> RunPaths:
         return RunPaths(self.root, model.project, model.name)
 
-    async def take_exchanges(self, rollout_id: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    async def take_exchanges(self, rollout_id: str) -> list[Exchange]:
         response = await self._call("POST", f"{API_PREFIX}/rollouts/{rollout_id}")
-        return [(e["request"], e["response"]) for e in response.json()["exchanges"]]
+        return [Exchange.from_wire(e) for e in response.json()["exchanges"]]
 
     async def train(
         self,

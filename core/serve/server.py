@@ -402,7 +402,7 @@ class PolicyServer:
 
     async def _take_rollout(self, request: Request) -> Response:
         exchanges = await self.backend.take_exchanges(request.path_params["rollout_id"])
-        return JSONResponse({"exchanges": [{"request": q, "response": r} for q, r in exchanges]})
+        return JSONResponse({"exchanges": [e.as_wire() for e in exchanges]})
 
     # -- handlers: models, training, checkpoints -----------------------------------------
 

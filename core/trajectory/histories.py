@@ -24,7 +24,8 @@ import json
 from typing import Any
 
 from rlcoach.trajectory.client_choices import MessageList
-from rlcoach.trajectory.trajectories import History, Message, choice_from_response_json
+from rlcoach.trajectory.exchange import Exchange
+from rlcoach.trajectory.trajectories import History, Message
 
 __all__ = ["assemble_histories", "content_text", "message_key", "parse_arguments"]
 
@@ -93,7 +94,7 @@ def _main_index(histories: list[History], last_call: list[int], final: list[Mess
 
 
 def assemble_histories(
-    exchanges: list[tuple[dict[str, Any], dict[str, Any]]],
+    exchanges: list[Exchange],
     final: list[Message] | None = None,
 ) -> tuple[History, list[History]]:
     """Group exchanges into (main history, additional histories).
@@ -101,12 +102,12 @@ def assemble_histories(
     `final`: the app's final messages (OpenAI form), when it reported them."""
     histories: list[tuple[list[str], History]] = []
     last_call: list[int] = []
-    for number, (request, response) in enumerate(exchanges):
-        messages = list(request.get("messages") or [])
-        tools = request.get("tools") or None
+    for number, exchange in enumerate(exchanges):
+        messages = list(exchange.request.get("messages") or [])
+        tools = exchange.request.get("tools") or None
         keys = [message_key(m) for m in messages]
-        for index, choice_json in enumerate(response.get("choices") or []):
-            choice = choice_from_response_json(choice_json, response)
+        for index in range(len(exchange.response.get("choices") or [])):
+            choice = exchange.sampled(index)
             target = None
             if index == 0:
                 for position in reversed(range(len(histories))):

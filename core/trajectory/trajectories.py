@@ -206,8 +206,15 @@ class SampledChoice(BaseModel):
         return choice_from_response_json(data, resp)
 
 
-def choice_from_response_json(choice: dict[str, Any], response: dict[str, Any]) -> SampledChoice:
-    """Build a `SampledChoice` from the JSON of one choice of a chat completion."""
+def choice_from_response_json(
+    choice: dict[str, Any],
+    response: dict[str, Any],
+    *,
+    timing: dict[str, float] | None = None,
+    note: dict[str, Any] | None = None,
+) -> SampledChoice:
+    """Build a `SampledChoice` from the JSON of one choice of a chat completion, with the
+    endpoint's `timing` of the call and its `note` on the choice (exchange.py)."""
     content = (choice.get("logprobs") or {}).get("content") or []
     token_ids = choice.get("token_ids")
     prompt_ids = response.get("prompt_token_ids")
@@ -219,8 +226,8 @@ def choice_from_response_json(choice: dict[str, Any], response: dict[str, Any]) 
         )
     message = {k: v for k, v in (choice.get("message") or {}).items() if v is not None}
     message.setdefault("role", "assistant")
-    timing = response.get(TIMING_KEY) or {}
-    recorded = choice.get(CHOICE_KEY) or {}
+    timing = timing or {}
+    recorded = note or {}
     return SampledChoice(
         message=message,
         finish_reason=choice.get("finish_reason"),

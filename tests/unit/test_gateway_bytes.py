@@ -36,8 +36,9 @@ def test_a_raw_answer_is_parsed_when_its_rollout_takes_it():
     recorder.add_raw("r1", {"model": "agent"}, raw, {"rlcoach_timing": {"latency_s": 0.5}})
     recorder.add("r1", {"model": "agent"}, {"model": "agent@1", "choices": []})
     (first, second) = recorder.take("r1")
-    assert first == ({"model": "agent"}, {**json.loads(raw), "rlcoach_timing": {"latency_s": 0.5}})
-    assert second[1] == {"model": "agent@1", "choices": []}
+    assert (first.request, first.response) == ({"model": "agent"}, json.loads(raw))
+    assert first.timing == {"latency_s": 0.5}  # beside the OpenAI-shaped answer, not inside
+    assert second.response == {"model": "agent@1", "choices": []}
     assert recorder.take("r1") == []
 
 

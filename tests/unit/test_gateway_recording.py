@@ -22,7 +22,6 @@ import pytest
 from rlcoach.endpoint.gateway import ROLLOUT_HEADER, Gateway
 from rlcoach.endpoint.router import Router
 from rlcoach.engines.stream import completion_events
-from rlcoach.trajectory.trajectories import choice_from_response_json
 
 CAPTURED = json.loads((Path(__file__).with_name("gateway_vllm.json")).read_text())
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
@@ -106,8 +105,9 @@ async def test_a_constrained_completion_is_recorded_with_the_models_own_logprobs
     assert [e.logprob for e in reply.choices[0].logprobs.content] == engine_said
     assert all(e.top_logprobs == [] for e in reply.choices[0].logprobs.content)
 
-    [(_, response)] = gateway.recorder.take("r1")
-    choice = choice_from_response_json(response["choices"][0], response)
+    [exchange] = gateway.recorder.take("r1")
+    assert "rlcoach" not in exchange.response["choices"][0]  # the notes ride beside it
+    choice = exchange.sampled(0)
     assert choice.logprobs == captured["free_logprobs"] != engine_said
     assert choice.constraint == constraint
     forced = [i for i, lp in enumerate(engine_said) if lp == 0.0 and i in choice.forced]
@@ -148,7 +148,8 @@ async def test_a_sampled_tool_call_goes_back_to_the_engine_as_it_was_sampled(gat
     assert upstream[1] == {"role": "assistant", "content": sampled}
     assert upstream[0] == question[0] and upstream[2]["role"] == "tool"
     # the client's own messages are what is recorded
-    [_, (request, _)] = gateway.recorder.take("r2")
+    [_, second] = gateway.recorder.take("r2")
+    request = second.request
     assert request["messages"][1]["tool_calls"][0]["function"]["arguments"] == (
         call.function.arguments
     )
@@ -186,7 +187,8 @@ async def test_the_client_gets_logprobs_only_when_it_asks_and_the_rollout_always
             assert reply.choices[0].model_extra["token_ids"] == vllm_choice["token_ids"]
         engine_said = [e["logprob"] for e in vllm_choice["logprobs"]["content"]]
         assert received == (engine_said if asked else [])
-        [(_, response)] = gateway.recorder.take(rollout)
-        recorded = choice_from_response_json(response["choices"][0], response)
+        [exchange] = gateway.recorder.take(rollout)
+        response = exchange.response
+        recorded = exchange.sampled(0)
         assert recorded.logprobs == engine_said and recorded.token_ids == vllm_choice["token_ids"]
         assert response["model"] == ReplayEngine.base_name

@@ -5,6 +5,7 @@ request body and the completion with its token ids and log-probs."""
 
 import json
 
+from rlcoach.trajectory.exchange import Exchange
 from rlcoach.trajectory.histories import assemble_histories
 from rlcoach.trajectory.trajectories import CHOICE_KEY
 
@@ -30,7 +31,7 @@ def exchange(messages, reply, constraint=None):
     if constraint:
         choice[CHOICE_KEY] = {"forced": [1], "constraint": constraint}
     response = {"model": "p@0", "prompt_token_ids": [1, 2, 3], "choices": [choice]}
-    return {"messages": messages}, response
+    return Exchange.recorded({"messages": messages}, response)
 
 
 def the_app(summary_last=True):

@@ -12,6 +12,7 @@ from rlcoach.engines.stream import streamed_completion
 from rlcoach.errors import TrainingDataError
 from rlcoach.rollout.capture import _conversations
 from rlcoach.trainer.sft import _batches, chat_sequences, sft_loss, sft_sequences
+from rlcoach.trajectory.exchange import Exchange
 from rlcoach.trajectory.trajectories import ChatRecord, SampledChoice, Trajectory
 
 TOOLS = [
@@ -160,9 +161,9 @@ def test_captured_calls_group_into_conversations():
     summary = [{"role": "user", "content": "summarise"}]
     histories = _conversations(
         [
-            ({"messages": first}, reply("a1")),
-            ({"messages": summary}, reply("s")),
-            ({"messages": second}, reply("a2")),
+            Exchange({"messages": first}, reply("a1")),
+            Exchange({"messages": summary}, reply("s")),
+            Exchange({"messages": second}, reply("a2")),
         ]
     )
     assert [len(h.messages) for h in histories] == [4, 2]
