@@ -9,7 +9,7 @@ and not torch either: engines and the trainer load on first use.
 """
 
 from rlcoach.backend.local import Backend, LocalBackend, StepResult
-from rlcoach.backend.pipeline import PipelineStep, run_pipeline
+from rlcoach.backend.pipeline import PipelineRun, PipelineStep, Validation, run_pipeline
 from rlcoach.compat import moved as _moved
 from rlcoach.config import EngineConfig, LoraConfig, SFTConfig, TrainConfig
 from rlcoach.errors import (
@@ -79,6 +79,7 @@ __all__ = [
     "Model",
     "ModelUsage",
     "PendingStep",
+    "PipelineRun",
     "PipelineStep",
     "RLCoachError",
     "RemoteBackend",
@@ -100,6 +101,7 @@ __all__ = [
     "Trajectory",
     "TrajectoryGroup",
     "UnknownModelError",
+    "Validation",
     "Verdict",
     "__version__",
     "current_rollout_id",

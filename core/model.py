@@ -421,6 +421,18 @@ class TrainableModel(Model):
             best_mode=best_mode,
         )
 
+    async def restore(self, step: int) -> int:
+        """Serve checkpoint `step` as the model's latest again: a new step whose adapter and
+        optimizer state are that checkpoint's (keep the best by validation, say); returns
+        the new step. Later steps train on from it."""
+        restore = getattr(self.backend, "restore", None)
+        if restore is None:
+            raise ConfigError(
+                f"the {type(self.backend).__name__} of model {self.name!r} cannot restore a "
+                "checkpoint yet; fix: restore with a LocalBackend where the model's files are"
+            )
+        return await self._queued(lambda: restore(self, step))
+
     async def train_sft(
         self,
         data: Sequence[Trajectory | ChatRecord],

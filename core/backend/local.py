@@ -389,6 +389,14 @@ class LocalBackend:
         at = model.step if step is None else step
         return await asyncio.to_thread(self.sinks(model).log_evaluation, at, split, groups, record)
 
+    async def restore(self, model: TrainableModel, step: int) -> int:
+        """Make checkpoint `step` `model`'s latest again, as a new committed step (step.py);
+        returns the new step."""
+        if self.gateway is None or model.name not in self._models:
+            raise ConfigError(f"model {model.name!r} is not registered with this backend")
+        async with self.leases.step_lock(model):
+            return await self.steps.restore(model, step)
+
     async def delete_checkpoints(
         self,
         model: TrainableModel,

@@ -35,6 +35,14 @@ from the latest checkpoint. A batch whose rollouts raise (more than
 `max_failure_fraction` failed, say) stops the loop after the step in flight has
 finished, and its error propagates.
 
+Validation (`Validation`): the served step is scored on held-out data before the first
+step and after every `every`-th committed one; the best score's step is kept, the loop
+stops once `patience` evaluations in a row brought no new best, and at the end the best
+validated checkpoint is served again (`model.restore`, a new step) if a later one scored
+lower — so the steps a run adds never leave the model below the best it reached. The
+scores are on the returned steps (`PipelineStep.validation`) and on the run
+(`PipelineRun.baseline`, `best_step`, `best_score`, `restored_from`).
+
 Resume: indices start at the model's step, which `register` restores from the latest
 checkpoint, so a restarted run continues where the last completed step left it (a
 skipped step, which trains nothing, leaves the step as it was, so its index comes again).
@@ -46,7 +54,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from rlcoach.errors import ConfigError
@@ -56,7 +64,7 @@ if TYPE_CHECKING:
     from rlcoach.model import TrainableModel
     from rlcoach.trajectory.trajectories import TrajectoryGroup
 
-__all__ = ["BatchFn", "PipelineStep", "run_pipeline"]
+__all__ = ["BatchFn", "PipelineRun", "PipelineStep", "Validation", "run_pipeline"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +93,8 @@ class PipelineStep:
     """`time.perf_counter()` marks: when the batch's rollouts ran and its step trained
     (a timeline of the loop: the trainer waited from the previous `train_end` to this
     `train_start`)."""
+    validation: float | None = None
+    """The held-out score of the step this one committed, where it was validated."""
 
     @property
     def lag(self) -> int:
@@ -98,6 +108,36 @@ class PipelineStep:
         if self.result is not None:
             data.update(self.result.as_dict())
         return data
+
+
+@dataclass(frozen=True, slots=True)
+class Validation:
+    """Held-out evaluation inside the loop: keep the best checkpoint, stop when it falls."""
+
+    evaluate: Callable[[], Awaitable[float]]
+    """The held-out score of the step served now (higher is better): success on a
+    held-out split, say."""
+    every: int = 1
+    """Validate after every `every`-th committed step (and after the last one)."""
+    patience: int | None = None
+    """Stop after this many validations in a row without a new best; None: never early."""
+    keep_best: bool = True
+    """At the end, serve the best validated checkpoint again if the last scored lower."""
+    min_delta: float = 0.0
+    """A score must beat the best by more than this to count as a new best."""
+
+
+class PipelineRun(list[PipelineStep]):
+    """The steps of a run (a list, as before), and what validation found."""
+
+    baseline: float | None = None
+    """The held-out score before the first step."""
+    best_step: int | None = None
+    """The step with the best held-out score (the model's step before the run, if none
+    beat it)."""
+    best_score: float | None = None
+    restored_from: int | None = None
+    """The checkpoint served again at the end (keep-best), if any."""
 
 
 def resolve_overlap(model: TrainableModel, overlap: bool | None) -> int:
@@ -119,13 +159,21 @@ async def run_pipeline(
     *,
     overlap: bool | None = None,
     on_step: Callable[[PipelineStep], Awaitable[None] | None] | None = None,
-) -> list[PipelineStep]:
+    validation: Validation | None = None,
+) -> PipelineRun:
     """Sample and train batches `model.step` .. `until_step - 1` (see the module
     docstring). `overlap`: None picks the backend's default (`can_overlap`), True
     samples up to `max_staleness` steps ahead, False never ahead. `on_step` is called
-    after each step (to log, evaluate, stop early by raising)."""
+    after each step (to log, evaluate, stop early by raising). `validation`: held-out
+    scores, keep-best and early stopping (the module docstring)."""
     if until_step < 0:
         raise ConfigError(f"until_step={until_step} must be >= 0 (the step to train up to)")
+    if validation is not None and validation.every < 1:
+        raise ConfigError(f"Validation(every={validation.every}) must be >= 1")
+    run = PipelineRun()
+    best = _Best(validation, run)
+    if validation is not None:
+        await best.start(model)
     lag = resolve_overlap(model, overlap)
     first = model.step
     finished = 0
@@ -150,7 +198,7 @@ async def run_pipeline(
             queue.put_nowait(None)
 
     producer = asyncio.create_task(produce(), name=f"rlcoach-rollouts-{model.name}")
-    steps: list[PipelineStep] = []
+    steps = run
     try:
         while (item := await queue.get()) is not None:
             index, sampled_from, rollout_start, rollout_end, groups = item
@@ -172,6 +220,10 @@ async def run_pipeline(
                 train_start,
                 time.perf_counter(),
             )
+            committed = result is not None and result.checkpoint is not None
+            due = len(steps) + 1 == until_step - first or (len(steps) + 1) % best.every == 0
+            if validation is not None and committed and due:
+                step = replace(step, validation=await best.check(model))
             steps.append(step)
             async with progress:
                 finished += 1
@@ -180,10 +232,70 @@ async def run_pipeline(
                 maybe = on_step(step)
                 if maybe is not None:
                     await maybe
+            if best.exhausted:
+                logger.info("held-out score fell %d times in a row: stopping", best.stale)
+                break
     finally:
         if not producer.done():
             producer.cancel()
         await asyncio.gather(producer, return_exceptions=True)
     if producer_error and not isinstance(producer_error[0], asyncio.CancelledError):
         raise producer_error[0]
-    return steps
+    if validation is not None:
+        await best.finish(model)
+    return run
+
+
+class _Best:
+    """The best held-out score seen so far and its step (run_pipeline's validation)."""
+
+    def __init__(self, validation: Validation | None, run: PipelineRun) -> None:
+        self.validation = validation
+        self.run = run
+        self.every = validation.every if validation is not None else 1
+        self.stale = 0
+
+    @property
+    def exhausted(self) -> bool:
+        patience = self.validation.patience if self.validation is not None else None
+        return patience is not None and self.stale >= patience
+
+    async def start(self, model: TrainableModel) -> None:
+        assert self.validation is not None
+        score = await self.validation.evaluate()
+        self.run.baseline = self.run.best_score = score
+        self.run.best_step = model.step
+        logger.info("held-out score of %s before the run: %.4f", model.served_name, score)
+
+    async def check(self, model: TrainableModel) -> float:
+        assert self.validation is not None and self.run.best_score is not None
+        score = await self.validation.evaluate()
+        if score > self.run.best_score + self.validation.min_delta:
+            self.run.best_score, self.run.best_step, self.stale = score, model.step, 0
+        else:
+            self.stale += 1
+        logger.info(
+            "held-out score of %s: %.4f (best %.4f at step %s)",
+            model.served_name,
+            score,
+            self.run.best_score,
+            self.run.best_step,
+        )
+        return score
+
+    async def finish(self, model: TrainableModel) -> None:
+        """Serve the best validated checkpoint again if the last step is not it."""
+        assert self.validation is not None
+        best = self.run.best_step
+        if not self.validation.keep_best or best is None or best == model.step:
+            return
+        if best == 0:  # the base weights have no checkpoint to restore
+            logger.warning(
+                "no step beat the base model on held-out data (%.4f); %s stays served",
+                self.run.best_score,
+                model.served_name,
+            )
+            return
+        await model.restore(best)
+        self.run.restored_from = best
+        logger.info("serving checkpoint %d again as %s (best on held-out)", best, model.served_name)

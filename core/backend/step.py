@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 from rlcoach.backend.engine_host import EngineHost
 from rlcoach.backend.protocol import StepResult
+from rlcoach.backend.retention import OPTIMIZER_FILE
 from rlcoach.backend.step_commit import (
+    METRICS_RECORD,
+    STEP_RECORD,
     MetricsLedger,
     TrainedStep,
     commit_step,
@@ -35,6 +39,7 @@ from rlcoach.backend.step_commit import (
 from rlcoach.backend.trainer_leases import TrainerLeases
 from rlcoach.config import SFTConfig, TrainConfig
 from rlcoach.errors import ConfigError
+from rlcoach.models.served_name import ServedName
 from rlcoach.observe.sinks import SinkSet
 from rlcoach.paths import RunPaths, write_text_atomic
 from rlcoach.rollout.staleness import Staleness, drop_stale
@@ -45,7 +50,7 @@ from rlcoach.trajectory.trajectories import ChatRecord, Trajectory, TrajectoryGr
 if TYPE_CHECKING:
     from rlcoach.model import TrainableModel
 
-__all__ = ["StepRunner"]
+__all__ = ["CheckpointCopy", "StepRunner"]
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +173,42 @@ class StepRunner:
             return await self._skipped(model, next_step, trained)
         return result
 
+    async def restore(self, model: TrainableModel, step: int) -> int:
+        """Make checkpoint `step` the model's latest again, as a new step committed like
+        any other (its adapter and optimizer state copied, published, a `restore` metrics
+        record); the trainer in memory is dropped. Returns the new step."""
+        paths = self._paths(model)
+        source = paths.complete_checkpoints().get(step)
+        if source is None:
+            raise ConfigError(
+                f"model {model.name!r} has no committed checkpoint {step} to restore; fix: "
+                f"restore one of its steps {sorted(paths.complete_checkpoints())}"
+            )
+        assert self._host.gateway is not None
+        sinks, new = self._sinks(model), model.step + 1
+
+        def metrics_record(folder: Path, save_seconds: float, publish_seconds: float) -> dict:
+            record = {"event": "restore", "restored_from": step, "step": new}
+            record |= {"save_seconds": save_seconds, "publish_seconds": publish_seconds}
+            record["policy"] = str(ServedName(model.name, new))
+            return sinks.metrics_record(new, record)
+
+        await commit_step(
+            self._host.gateway,
+            model.name,
+            CheckpointCopy(source),
+            paths,
+            new,
+            model.step,
+            {"restored_from": step},
+            metrics_record,
+        )
+        model.step = new
+        self._leases.forget(model)
+        await asyncio.to_thread(self._after_commit, model)
+        logger.info("%s restored checkpoint %d as step %d", model.name, step, new)
+        return new
+
     async def _skipped(self, model: TrainableModel, step: int, trained: TrainedStep) -> StepResult:
         """An RL step or SFT run that trained nothing (no reward variance, or a value that
         was not finite): its input is moved aside (`<step>-skip<k>.jsonl`, so the next
@@ -285,3 +326,24 @@ class StepRunner:
                 model.step,
                 model.name,
             )
+
+
+class CheckpointCopy:
+    """What the commit point needs of a trainer (`save_adapter`, `save_optimizer`), read
+    from a committed checkpoint: a restore commits an earlier step's files as a new step."""
+
+    def __init__(self, source: Path) -> None:
+        self.source = source
+
+    def save_adapter(self, folder: Path) -> None:
+        for entry in self.source.iterdir():
+            if entry.name in (STEP_RECORD, METRICS_RECORD, OPTIMIZER_FILE):
+                continue
+            if entry.is_dir():
+                shutil.copytree(entry, folder / entry.name)
+            else:
+                shutil.copy2(entry, folder / entry.name)
+
+    def save_optimizer(self, folder: Path) -> None:
+        if (self.source / OPTIMIZER_FILE).is_file():
+            shutil.copy2(self.source / OPTIMIZER_FILE, folder / OPTIMIZER_FILE)

@@ -88,7 +88,7 @@ METRICS_RECORD = "rlcoach_metrics.json"
 """A file in each checkpoint folder: the step's `metrics.jsonl` line, written before the
 commit point (so a committed step always has its line, see `MetricsLedger`)."""
 
-COMMITTED_EVENTS = ("train", "sft")
+COMMITTED_EVENTS = ("train", "sft", "restore")
 """The `event` of a committed step's metrics record."""
 
 

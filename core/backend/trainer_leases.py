@@ -140,5 +140,9 @@ class TrainerLeases:
         """The trainers in memory by model name, least recently used first."""
         return {name: t for name in self.pool.names() if (t := self.pool.peek(name))}
 
+    def forget(self, model: TrainableModel) -> None:
+        """Drop `model`'s trainer in memory: its latest checkpoint is not what it holds."""
+        self.pool.forget(model.name)
+
     def close(self) -> None:
         self.pool.close()

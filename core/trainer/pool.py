@@ -136,6 +136,17 @@ class TrainerPool:
             self._lock.notify_all()
         _close_all(to_close)
 
+    def forget(self, name: str) -> None:
+        """Drop `name`'s kept trainer (its checkpoints changed on disk, e.g. a restore); the
+        next step makes one from the latest checkpoint. Closed once no step holds it."""
+        to_close: list[Trainer] = []
+        with self._lock:
+            trainer = self._trainers.get(name)
+            if trainer is not None:
+                self._forget(name, trainer, to_close)
+            self._lock.notify_all()
+        _close_all(to_close)
+
     def close(self) -> None:
         """Close every trainer (the backend is closing: no step runs any more)."""
         with self._lock:

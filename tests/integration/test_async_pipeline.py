@@ -14,9 +14,11 @@ import json
 import pytest
 
 from rlcoach import (
+    ConfigError,
     LocalBackend,
     TrainableModel,
     TrajectoryGroup,
+    Validation,
     gather_trajectory_groups,
     load_groups,
     run_pipeline,
@@ -179,3 +181,38 @@ async def test_resume_after_a_restart_continues_the_versions(tmp_path, tiny_chat
         # A batch sampled before the restart (version 0) is three versions stale now.
         result = await model.train(before.made[0])
         assert result.staleness.stale_dropped == 6 and model.step == 4
+
+
+async def test_validation_keeps_the_best_checkpoint_and_stops_when_it_falls(
+    backend, tiny_chat_model
+):
+    """The held-out scores are scripted by step (the scorer is the user's function); the
+    checkpoints, the early stop and the restore are real."""
+    model = TrainableModel("keepbest", "pipeline", base_model=str(tiny_chat_model), config=CONFIG)
+    await model.register(backend)
+    scores = {0: 0.2, 1: 0.6, 2: 0.9, 3: 0.4, 4: 0.3, 5: 0.1}
+    validation = Validation(lambda: _score(scores, model), patience=2)
+    run = await run_pipeline(model, Batches(model), until_step=6, validation=validation)
+    assert [s.validation for s in run] == [0.6, 0.9, 0.4, 0.3]  # stopped after two falls
+    assert (run.baseline, run.best_step, run.best_score) == (0.2, 2, 0.9)
+    assert run.restored_from == 2 and model.step == 5  # checkpoint 2 served again, as step 5
+    checkpoints = backend.paths(model).checkpoints
+    adapter = "adapter_model.safetensors"
+    assert (checkpoints / "000005" / adapter).read_bytes() == (
+        checkpoints / "000002" / adapter
+    ).read_bytes()
+    records = [json.loads(line) for line in backend.paths(model).metrics.read_text().splitlines()]
+    restores = [r for r in records if r.get("event") == "restore"]
+    assert [(r["step"], r["restored_from"]) for r in restores] == [(5, 2)]
+    reply = await model.openai_client().chat.completions.create(
+        model=model.name, messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+    )
+    assert reply.model == "keepbest@5"
+    result = await model.train(await Batches(model)(5))  # training goes on from the restore
+    assert result.step == 6 and result.stats.trained
+    with pytest.raises(ConfigError, match="no committed checkpoint 9"):
+        await model.restore(9)
+
+
+async def _score(scores: dict[int, float], model: TrainableModel) -> float:
+    return scores[model.step]
