@@ -25,13 +25,13 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field
 from tqdm.auto import tqdm
 
 from rlcoach.autorl.dedupe import Embed, deduplicate
 from rlcoach.autorl.types import InputRecord
 from rlcoach.config import parse_config
-from rlcoach.errors import AnswerError, ConfigError, RLCoachError
+from rlcoach.errors import AnswerError, ConfigError, DataError, RLCoachError
 from rlcoach.model import Model
 from rlcoach.models.answers import json_object
 from rlcoach.models.usage import ModelUsage
@@ -172,7 +172,7 @@ def _record(item: Any, metadata: dict[str, Any], config: GenerationConfig) -> In
             metadata=metadata,
             difficulty=difficulty if difficulty in DIFFICULTIES else "medium",
         )
-    except ValidationError:
+    except DataError:  # a record the generator wrote badly is dropped
         return None
 
 

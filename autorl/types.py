@@ -5,16 +5,17 @@ from __future__ import annotations
 import hashlib
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from rlcoach.trajectory.trajectories import Scalar
+from rlcoach.validation import Record
 
 __all__ = ["Difficulty", "InputRecord"]
 
 Difficulty = Literal["easy", "medium", "hard"]
 
 
-class InputRecord(BaseModel):
+class InputRecord(Record):
     """One training input: what the agent is asked, with a difficulty label."""
 
     model_config = ConfigDict(extra="forbid")

@@ -7,6 +7,11 @@ a dict handed to `TrainableModel(config=...)`, an assignment — a bad value rai
 bad value, the reason and the fix: the allowed range of a bounded number, the choices of
 a literal, the closest field name for a misspelt one. Messages from a config's own
 validators are kept as they are (they already say all four).
+
+Data records — trajectories, choices, groups, chat records — are validated the same way
+(`Record`): built wrongly, they raise `DataError` with the same kind of message. Both
+are subclasses of the standard `ValueError` that pydantic's error is, so a caller that
+catches `ValueError` keeps working.
 """
 
 from __future__ import annotations
@@ -14,30 +19,32 @@ from __future__ import annotations
 import difflib
 import types
 import typing
-from typing import Any
+from typing import Any, ClassVar
 
 import annotated_types
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
-from rlcoach.errors import ConfigError
+from rlcoach.errors import ConfigError, DataError, RLCoachError
 
-__all__ = ["Config", "config_error"]
+__all__ = ["Config", "Record", "config_error"]
 
 _COMPARISONS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
 
 
-class Config(BaseModel):
-    """A configuration model whose every way of being built raises `ConfigError`."""
+class _Validated(BaseModel):
+    """A model whose every way of being built raises `_error_class`, not pydantic's
+    `ValidationError`, with a message that names the field, the value, the reason and
+    the fix."""
 
-    model_config = ConfigDict(extra="forbid")
+    _error_class: ClassVar[type[RLCoachError]] = ConfigError
 
     def __init__(self, /, **data: Any) -> None:
         try:
             super().__init__(**data)
         except ValidationError as e:
-            raise config_error(type(self), e) from e
+            raise config_error(type(self), e, self._error_class) from e
 
     # Pydantic calls a model's own __init__ for every validation (nested fields and
     # model_validate included) unless marked as its base one; this one only translates
@@ -50,42 +57,57 @@ class Config(BaseModel):
         try:
             return super().model_validate(obj, *args, **kwargs)
         except ValidationError as e:
-            raise config_error(cls, e) from e
+            raise config_error(cls, e, cls._error_class) from e
 
     @classmethod
     def model_validate_json(cls, json_data: Any, *args: Any, **kwargs: Any) -> typing.Self:
         try:
             return super().model_validate_json(json_data, *args, **kwargs)
         except ValidationError as e:
-            raise config_error(cls, e) from e
+            raise config_error(cls, e, cls._error_class) from e
 
     @classmethod
     def model_validate_strings(cls, obj: Any, *args: Any, **kwargs: Any) -> typing.Self:
         try:
             return super().model_validate_strings(obj, *args, **kwargs)
         except ValidationError as e:
-            raise config_error(cls, e) from e
+            raise config_error(cls, e, cls._error_class) from e
 
     def __setattr__(self, name: str, value: Any) -> None:
         try:
             super().__setattr__(name, value)
         except ValidationError as e:  # a frozen config, or validate_assignment
-            raise config_error(type(self), e) from e
+            raise config_error(type(self), e, self._error_class) from e
         except ValueError as e:  # pydantic: '"X" object has no field "y"'
-            if isinstance(e, ConfigError):
+            if isinstance(e, RLCoachError):
                 raise
-            raise ConfigError(
+            raise self._error_class(
                 f"{type(self).__name__}.{name}={_show(value)}: {e}; fix: "
                 f"{_field_hint(name, type(self))}"
             ) from e
 
 
-def config_error(cls: type[BaseModel], error: ValidationError) -> ConfigError:
-    """`error` (pydantic's, from validating `cls`) as one `ConfigError` naming each
-    field, its bad value, the reason and the fix."""
+class Config(_Validated):
+    """A configuration model whose every way of being built raises `ConfigError`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Record(_Validated):
+    """A data record (a trajectory, a choice, a group): built wrongly, `DataError`."""
+
+    _error_class: ClassVar[type[RLCoachError]] = DataError
+
+
+def config_error(
+    cls: type[BaseModel], error: ValidationError, kind: type[RLCoachError] = ConfigError
+) -> RLCoachError:
+    """`error` (pydantic's, from validating `cls`) as one `kind` error (a `ConfigError`
+    unless a record's `DataError`) naming each field, its bad value, the reason and the
+    fix."""
     problems = [_problem(cls, details) for details in error.errors(include_url=False)]
     head = f"invalid {cls.__name__}: " if len(problems) > 1 else ""
-    return ConfigError(head + "; ".join(problems))
+    return kind(head + "; ".join(problems))
 
 
 def _problem(cls: type[BaseModel], details: ErrorDetails) -> str:

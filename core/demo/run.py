@@ -17,12 +17,14 @@ from typing import TYPE_CHECKING, Any
 from tqdm.auto import tqdm
 
 from rlcoach.backend.local import LocalBackend
+from rlcoach.backend.pipeline import PipelineStep, run_pipeline
 from rlcoach.demo.task import Question, run_question, split_questions
 from rlcoach.model import TrainableModel
 from rlcoach.paths import append_jsonl
 from rlcoach.rollout.gather import gather_trajectory_groups
 from rlcoach.trainer.base import StepStats
 from rlcoach.trajectory.dataset import iterate_dataset
+from rlcoach.trajectory.trajectories import TrajectoryGroup
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -116,6 +118,31 @@ def _log(line: str) -> None:
     tqdm.write(line)
 
 
+def _log_step(
+    step: PipelineStep, reward: float, success: float, failures: int, model: TrainableModel
+) -> None:
+    head = (
+        f"step {step.index + 1:>3}  reward {reward:.3f}  success {success:.3f}  "
+        f"failed {failures}  rollouts {step.rollout_end - step.rollout_start:.1f}s  "
+    )
+    if step.result is None:
+        _log(head + f"failed: {step.error}; still serving {model.served_name}")
+        return
+    s = step.result.stats
+    assert isinstance(s, StepStats)  # an RL step's
+    if not s.trained:
+        _log(
+            head + "skipped: every group had equal rewards (nothing to learn); "
+            f"still serving {model.served_name}"
+        )
+        return
+    _log(
+        head + f"loss {s.loss:+.4f}  tokens {s.sampled_tokens}/{s.total_tokens}  "
+        f"train {s.seconds:.1f}s  publish {step.result.publish_seconds * 1000:.0f}ms  "
+        f"serving {model.served_name}"
+    )
+
+
 async def run_demo(config: DemoConfig) -> DemoResult:
     started = time.perf_counter()
     name = config.resume or f"calculator-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -136,50 +163,40 @@ async def run_demo(config: DemoConfig) -> DemoResult:
         _log(f"held-out success before training: {before:.3f}")
         rewards: list[float] = []
         successes: list[float] = []
-        batches = iterate_dataset(
+        batches: dict[int, list[Question]] = {}
+        for batch in iterate_dataset(
             training,
             config.questions_per_step,
             epochs=100,
             seed=config.seed,
             initial_step=model.step,
-        )
-        for batch in batches:
+        ):
             if batch.step >= config.steps:
                 break
-            gathered = time.perf_counter()
-            groups = await gather_trajectory_groups(
+            batches[batch.step] = batch.items
+        sampled: dict[int, list[TrajectoryGroup]] = {}
+
+        async def rollouts(index: int) -> list[TrajectoryGroup]:
+            sampled[index] = await gather_trajectory_groups(
                 (
                     [run_question(model, client, q) for _ in range(config.group_size)]
-                    for q in batch.items
+                    for q in batches[index]
                 ),
-                description=f"step {batch.step + 1}/{config.steps} rollouts",
+                description=f"step {index + 1}/{config.steps} rollouts",
                 progress=config.progress,
             )
-            rollout_seconds = time.perf_counter() - gathered
+            return sampled[index]
+
+        def report(step: PipelineStep) -> None:
+            groups = sampled.pop(step.index)
             trajectories = [t for g in groups for t in g.trajectories]
             reward = sum(t.reward for t in trajectories) / max(len(trajectories), 1)
             success = sum(t.metrics["success"] for t in trajectories) / max(len(trajectories), 1)
-            result = await model.train(groups)
             rewards.append(reward)
             successes.append(success)
-            failures = sum(len(g.failures) for g in groups)
-            s = result.stats
-            assert isinstance(s, StepStats)  # an RL step's
-            head = (
-                f"step {batch.step + 1:>3}  reward {reward:.3f}  success {success:.3f}  "
-                f"failed {failures}  rollouts {rollout_seconds:.1f}s  "
-            )
-            if not s.trained:
-                _log(
-                    head + "skipped: every group had equal rewards (nothing to learn); "
-                    f"still serving {model.served_name}"
-                )
-                continue
-            _log(
-                head + f"loss {s.loss:+.4f}  tokens {s.sampled_tokens}/{s.total_tokens}  "
-                f"train {s.seconds:.1f}s  publish {result.publish_seconds * 1000:.0f}ms  "
-                f"serving {model.served_name}"
-            )
+            _log_step(step, reward, success, sum(len(g.failures) for g in groups), model)
+
+        await run_pipeline(model, rollouts, config.steps, on_step=report)
         after = await evaluate(
             model, client, held_out, config.eval_samples, progress=config.progress
         )

@@ -15,10 +15,11 @@ from __future__ import annotations
 from collections.abc import Iterable, MutableSequence
 from typing import Any, Protocol, overload
 
-from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, model_validator
+from pydantic import ConfigDict, Field, GetCoreSchemaHandler, model_validator
 from pydantic_core import core_schema
 
 from rlcoach.errors import DataError
+from rlcoach.validation import Record
 
 __all__ = [
     "ClientChoice",
@@ -52,7 +53,7 @@ class MessageList(list[Message]):
         return core_schema.no_info_after_validator_function(cls, handler(list[Message]))
 
 
-class ClientChoice(BaseModel):
+class ClientChoice(Record):
     """An assistant turn the client received itself, from any OpenAI-compatible server.
 
     It marks `messages[message_index]` as trained and keeps what the server said about

@@ -54,6 +54,7 @@ from rlcoach.trajectory.client_choices import (
     check_client_choices,
     from_messages_and_choices,
 )
+from rlcoach.validation import Record
 
 __all__ = [
     "TOOL_ERROR_KEY",
@@ -133,7 +134,7 @@ def policy_version_of(served_name: object) -> int | None:
     return parsed.step if parsed is not None else None
 
 
-class SampledChoice(BaseModel):
+class SampledChoice(Record):
     """One completion the policy sampled, with the exact tokens behind it."""
 
     # A rendered client choice (trainer/render.py) has NaN where no sampler log-prob
@@ -242,7 +243,7 @@ def choice_from_response_json(
     )
 
 
-class History(BaseModel):
+class History(Record):
     """One conversation: its messages and the choices sampled along it, in order."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -272,7 +273,7 @@ class History(BaseModel):
         return MessagesAndChoicesView(self)
 
 
-class RolloutFailure(BaseModel):
+class RolloutFailure(Record):
     """A rollout that raised: recorded and counted, not allowed to kill the step."""
 
     model_config = ConfigDict(extra="forbid")
@@ -282,7 +283,7 @@ class RolloutFailure(BaseModel):
     traceback: str = ""
 
 
-class Verdict(BaseModel):
+class Verdict(Record):
     """What a judge (RULER or another) said about one trajectory."""
 
     model_config = ConfigDict(extra="forbid")
@@ -304,7 +305,7 @@ class Verdict(BaseModel):
         return f"{line}: {self.explanation}" if self.explanation else line
 
 
-class Trajectory(BaseModel):
+class Trajectory(Record):
     """One rollout: its histories, its reward and what the user wants to keep with it."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -425,7 +426,7 @@ def failure_from_exception(error: BaseException) -> RolloutFailure:
     )
 
 
-class TrajectoryGroup(BaseModel):
+class TrajectoryGroup(Record):
     """Attempts at the same task: GRPO's unit of comparison.
 
     Built from trajectories, or — as ART writes it — from the rollouts still to run:
@@ -497,7 +498,7 @@ class TrajectoryGroup(BaseModel):
         return self.failures
 
 
-class ChatRecord(BaseModel):
+class ChatRecord(Record):
     """A conversation to imitate (supervised fine-tuning), e.g. one line of a JSONL file.
 
     Unlike a `Trajectory`, it carries no sampled tokens: the trainer renders it with the

@@ -34,9 +34,16 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlcoach import BUNDLED_MODEL, LocalBackend, TrainableModel, gather_trajectory_groups
+from rlcoach import (
+    BUNDLED_MODEL,
+    LocalBackend,
+    PipelineStep,
+    TrainableModel,
+    gather_trajectory_groups,
+    iterate_dataset,
+    run_pipeline,
+)
 from rlcoach.paths import append_jsonl
-from rlcoach.trajectory.dataset import iterate_dataset
 from rlcoach.trajectory.trajectories import ChatRecord
 
 Attempt = Callable[[TrainableModel, Any, Any], Awaitable[Any]]
@@ -224,39 +231,46 @@ async def run(
             )
         rewards: list[float] = []
         successes: list[float] = []
-        for batch in iterate_dataset(
-            list(training), args.tasks_per_step, epochs=1000, seed=args.seed
-        ):
-            if batch.step >= args.steps:
-                break
-            gathered = time.perf_counter()
-            groups = await gather_trajectory_groups(
-                ([attempt(model, client, x) for _ in range(args.group_size)] for x in batch.items),
-                description=f"step {batch.step + 1}/{args.steps} rollouts",
+        start = model.step  # after a warm-up, RL numbers its steps on from it
+        tasks = iterate_dataset(list(training), args.tasks_per_step, epochs=1000, seed=args.seed)
+        batches = {start + b.step: b.items for b in itertools.islice(tasks, args.steps)}
+        sampled: dict[int, list[Any]] = {}
+
+        async def rollouts(index: int) -> list[Any]:
+            sampled[index] = await gather_trajectory_groups(
+                (
+                    [attempt(model, client, x) for _ in range(args.group_size)]
+                    for x in batches[index]
+                ),
+                description=f"step {index - start + 1}/{args.steps} rollouts",
             )
-            seconds = time.perf_counter() - gathered
+            return sampled[index]
+
+        def report(step: PipelineStep) -> None:
+            groups = sampled.pop(step.index)
             trajectories = [t for g in groups for t in g.trajectories]
-            reward = sum(t.reward for t in trajectories) / max(len(trajectories), 1)
-            success = sum(t.metrics.get("success", 0.0) for t in trajectories) / max(
-                len(trajectories), 1
-            )
-            rewards.append(reward)
-            successes.append(success)
-            result = await model.train(groups)
-            s = result.stats
-            done = (
-                f"trained: loss {s.loss:+.4f}  tokens {s.sampled_tokens}/{s.total_tokens}  "
-                f"train {s.seconds:.1f}s"
-                if s.trained
-                else "skipped: every group had equal rewards"
-            )
-            failed = sum(len(g.failures) for g in groups)
+            count = max(len(trajectories), 1)
+            rewards.append(sum(t.reward for t in trajectories) / count)
+            successes.append(sum(t.metrics.get("success", 0.0) for t in trajectories) / count)
+            s = step.result.stats if step.result is not None else None
+            if s is None:
+                done = f"failed: {step.error}"
+            elif s.trained:
+                done = (
+                    f"trained: loss {s.loss:+.4f}  tokens {s.sampled_tokens}/{s.total_tokens}  "
+                    f"train {s.seconds:.1f}s"
+                )
+            else:
+                done = "skipped: every group had equal rewards"
             print(
-                f"step {batch.step + 1}: reward {reward:.3f}  success {success:.3f}  "
-                f"failed {failed}  rollouts {seconds:.1f}s  {done}  "
+                f"step {step.index - start + 1}: reward {rewards[-1]:.3f}  "
+                f"success {successes[-1]:.3f}  failed {sum(len(g.failures) for g in groups)}  "
+                f"rollouts {step.rollout_end - step.rollout_start:.1f}s  {done}  "
                 f"serving {model.served_name}",
                 flush=True,
             )
+
+        await run_pipeline(model, rollouts, start + args.steps, on_step=report)
         after = await _evaluate(model, client, attempt, held_out, args.eval_samples)
         print(f"held-out after training: reward {after[0]:.3f}  success {after[1]:.3f}", flush=True)
         paths = backend.paths(model)

@@ -29,10 +29,10 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from rlcoach.errors import RLCoachError
-from rlcoach.validation import Config
+from rlcoach.validation import Config, Record
 
 __all__ = ["Connection", "MCPServerError", "ServerSpec", "ToolResult", "connect"]
 
@@ -92,7 +92,7 @@ class ServerSpec(Config):
         return self.url if self.url is not None else shlex.join(self.command or [])
 
 
-class ToolResult(BaseModel):
+class ToolResult(Record):
     """What one tool call returned, as text the policy can read."""
 
     model_config = ConfigDict(extra="forbid")
