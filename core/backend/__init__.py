@@ -10,6 +10,21 @@ May import: every room below it (foundation, runtime, compat, models, trajectory
 engines, trainer, endpoint, rollout, observe). Never imports: serve.
 """
 
-from rlcoach.backend.local import Backend, LocalBackend, StepResult
+from rlcoach.backend.local import (
+    STEP_RECORD,
+    Backend,
+    LocalBackend,
+    StepResult,
+    resolve_base_model,
+    served_base_name,
+)
 
-__all__ = ["Backend", "LocalBackend", "StepResult"]
+# What the module `rlcoach.backend` exported before it became this room.
+__all__ = [
+    "STEP_RECORD",
+    "Backend",
+    "LocalBackend",
+    "StepResult",
+    "resolve_base_model",
+    "served_base_name",
+]

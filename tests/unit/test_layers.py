@@ -187,3 +187,16 @@ def test_old_flat_import_paths_still_work_and_say_where_to_go():
         rlcoach.current_rollout_id,
         rlcoach.StepResult,
     )
+
+
+def test_nothing_in_the_repository_imports_an_old_flat_path():
+    from rlcoach.compat.moved import MOVED
+
+    old = {f"rlcoach.{name}" for name in MOVED}
+    found = []
+    for folder in ["core", "ruler", "autorl", "integrations", "examples", "bench", "tests"]:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for name in _runtime_imports(ast.parse(path.read_text(), str(path))):
+                if any(name == o or name.startswith(o + ".") for o in old):
+                    found.append(f"{path.relative_to(ROOT)}: {name}")
+    assert found == []
