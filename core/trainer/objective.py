@@ -228,9 +228,7 @@ def mismatch_sums(
     device value). Rows combine by adding, except abs_max (the largest)."""
     with torch.no_grad():
         keep_T = mask_T.bool()
-        delta_T = torch.where(
-            keep_T, trainer_logprobs_T.float() - sampler_logprobs_T.float(), 0.0
-        )
+        delta_T = torch.where(keep_T, trainer_logprobs_T.float() - sampler_logprobs_T.float(), 0.0)
         abs_T = delta_T.abs()
         k3_T = torch.exp(delta_T) - delta_T - 1.0  # 0 where not kept (delta 0)
         return torch.stack(

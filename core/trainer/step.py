@@ -4,8 +4,9 @@ Flow of `grpo_step`: group advantages (zero-variance groups dropped and counted)
 exact-token sequences (`collect_sequences`) → `mini_batches` interleaved slices → for
 each mini-batch: the loss normaliser of the whole mini-batch, the packed rows this
 process runs, forward/backward every row (gradients accumulate; the rows' loss sums
-and mismatch stay on the device), clip, read the sums once, one AdamW step → stats. The loss of every row is divided by the normaliser of its whole mini-batch, so
-how the rows are packed, micro-batched or spread over ranks changes memory, not the
+and mismatch stay on the device), clip, read the sums once, one AdamW step → stats. The
+loss of every row is divided by the normaliser of its whole mini-batch, so how the rows
+are packed, micro-batched or spread over ranks changes memory, not the
 result (up to rounding).
 
 A trainer hands the step what differs between one process and several (`StepParts`):
