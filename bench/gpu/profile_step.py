@@ -99,6 +99,25 @@ def _union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return merged
 
 
+def _kind(event: Any) -> str:
+    """Kineto's activity type; torch 2.11's events lack `activity_type`, so it is told
+    from the device, the annotation flag and the name there."""
+    if hasattr(event, "activity_type"):
+        return str(event.activity_type())
+    name = event.name()
+    if "CUDA" in str(event.device_type()):
+        if event.is_user_annotation():
+            return "gpu_user_annotation"
+        if name.startswith("Memcpy"):
+            return "gpu_memcpy"
+        return "gpu_memset" if name.startswith("Memset") else "kernel"
+    if event.is_user_annotation():
+        return "user_annotation"
+    if name.startswith(("cuda", "cu")) and "::" not in name:
+        return "cuda_runtime"
+    return "cpu_op"
+
+
 def summarize_profile(events: list[Any], window: tuple[int, int]) -> dict[str, Any]:
     """The profile of one train step (see the module docstring); times in ms."""
     start, end = window
@@ -111,7 +130,7 @@ def summarize_profile(events: list[Any], window: tuple[int, int]) -> dict[str, A
     kernels: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     launches = 0
     for event in events:
-        kind, name = event.activity_type(), event.name()
+        kind, name = _kind(event), event.name()
         a, duration = event.start_ns(), event.duration_ns()
         if kind in GPU_ACTIVITIES:
             gpu.append((a, a + duration))
