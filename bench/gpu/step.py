@@ -794,6 +794,7 @@ def fit(args: argparse.Namespace) -> None:
                         micro_batch_tokens=args.tokens,
                         logprob_chunk_tokens=1024,
                         activation_checkpointing=checkpointing,
+                        compiled_layers=True,
                     )
                     if plan.fits:
                         best = plan
