@@ -69,6 +69,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from profile_step import StepRecorder, format_profile, step_timeline, summarize_profile  # noqa: E402
 from shapes import SHAPES, TIED, make_model  # noqa: E402
 
 WORDS = [
@@ -267,7 +268,7 @@ def summarize(
 
 
 def _train_config(args: argparse.Namespace) -> dict[str, Any]:
-    sequence = args.prompt_tokens + args.completion_tokens + 64  # + the chat template
+    sequence = args.prompt_tokens + args.completion_tokens + 32  # + the chat template
     return {
         "learning_rate": 1e-5,
         "micro_batch_tokens": max(args.micro_batch_seqs * sequence, 64),
@@ -335,6 +336,8 @@ async def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
     started = time.perf_counter()
     backend = LocalBackend(root, engine=_engine_config(args, colocated))
+    # The profiled step runs after the timed ones, in the sync process only.
+    recorder = StepRecorder().install(backend) if args.profile and "sync" in args.modes else None
     try:
         model = TrainableModel("bench", "step", base_model=args.model, config=_train_config(args))
         try:
@@ -430,10 +433,44 @@ async def run_ours(args: argparse.Namespace) -> dict[str, Any]:
             )
             results[mode] = summary
             print(f"MODE {mode} " + json.dumps(summary), flush=True)
+        if recorder is not None:
+            results["profile"] = await _profiled_step(model, batch, recorder)
+            print("MODE profile " + json.dumps(results["profile"]), flush=True)
     finally:
         sampler.stop()
         await backend.close()
     return results
+
+
+async def _profiled_step(model: Any, batch: Any, recorder: StepRecorder) -> dict[str, Any]:
+    """One more synchronous step, its train step under torch.profiler (profile_step.py);
+    after the timed steps, so the profiler's own cost is in none of them."""
+    from rlcoach import run_pipeline
+
+    recorder.clear()
+    recorder.profiling = True
+    try:
+        [step] = await run_pipeline(model, batch, until_step=model.step + 1, overlap=False)
+    finally:
+        recorder.profiling = False
+    if step.result is None:
+        return {"failed": step.error}
+    to_ns = time.time_ns() - time.perf_counter_ns()  # perf_counter marks onto the wall clock
+    rollout = (int(step.rollout_start * 1e9) + to_ns, int(step.rollout_end * 1e9) + to_ns)
+    end = int(step.train_end * 1e9) + to_ns
+    spans = [s for s in recorder.spans if s[1] >= rollout[0]]
+    timeline = step_timeline(spans, rollout, end, step.result.publish_seconds)
+    began = time.perf_counter()
+    train = next((a, b) for name, a, b in spans if name == "train step")
+    profile = summarize_profile(recorder.events or [], train) if recorder.events else None
+    result = {
+        "timeline_s": timeline,
+        "trainer": profile,
+        "trained_tokens": step.result.stats.total_tokens,
+        "analysis_s": round(time.perf_counter() - began, 1),
+    }
+    print(format_profile(timeline, profile), flush=True)
+    return result
 
 
 def _plan(args: argparse.Namespace, colocation: str) -> dict[str, Any] | None:
@@ -457,6 +494,7 @@ def _plan(args: argparse.Namespace, colocation: str) -> dict[str, Any] | None:
         micro_batch_tokens=_train_config(args)["micro_batch_tokens"],
         logprob_chunk_tokens=1024,
         activation_checkpointing=False,
+        compiled_layers=True,
     )
     return {k: v / 2**30 if k.endswith("bytes") else v for k, v in plan.as_dict().items()}
 
@@ -636,6 +674,8 @@ def _pct(value: float | None) -> str:
 
 
 def report(results: dict[str, Any], args: argparse.Namespace) -> None:
+    results = dict(results)
+    profile = results.pop("profile", None)
     print(
         f"\nwhole RL step, {args.shape_label}: {args.groups * args.group_size} rollouts "
         f"({args.groups} x {args.group_size}) of ~{args.prompt_tokens} prompt + "
@@ -701,6 +741,10 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
                 f"trainer peak {plan['trainer_peak_bytes']:.1f} GiB estimated, "
                 f"fits={plan['fits']}"
             )
+    if profile and "timeline_s" in profile:
+        print(format_profile(profile["timeline_s"], profile.get("trainer")))
+    elif profile:
+        print(f"profiled step: {profile.get('failed')}")
     rate = {m: r["steps_per_hour"] for m, r in results.items() if "steps_per_hour" in r}
     ratios = [
         (a, b)
@@ -750,6 +794,7 @@ def fit(args: argparse.Namespace) -> None:
                         micro_batch_tokens=args.tokens,
                         logprob_chunk_tokens=1024,
                         activation_checkpointing=checkpointing,
+                        compiled_layers=True,
                     )
                     if plan.fits:
                         best = plan
@@ -776,7 +821,7 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--completion-tokens", type=int, default=384)
-    parser.add_argument("--micro-batch-seqs", type=int, default=8)
+    parser.add_argument("--micro-batch-seqs", type=int, default=16)
     parser.add_argument("--split-util", type=float, default=0.4)
     parser.add_argument("--sleep-util", type=float, default=0.8)
     parser.add_argument("--engine", choices=["vllm", "transformers"], default=None)
@@ -787,6 +832,12 @@ def main() -> None:
         "--budget-s", type=float, default=560.0, help="for all children (a GPU command: 600)"
     )
     parser.add_argument("--out", help="folder for the JSON results and the children's logs")
+    parser.add_argument(
+        "--profile",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="after the sync and async modes, one more sync step profiled (profile_step.py)",
+    )
     parser.add_argument("--gpu-gib", type=float, default=139.0, help="fit: GPU memory")
     parser.add_argument("--tokens", type=int, default=16384, help="fit: tokens per pass")
     args = parser.parse_args()
@@ -814,22 +865,26 @@ def main() -> None:
         stats = make_model(args.model, args.shape, tokenizer)
         print(f"model: Qwen3 {args.shape} shape, random weights, {stats}", flush=True)
     args.shape_label = args.model
-    args.child_args = [
-        f"--{name.replace('_', '-')}={getattr(args, name)}"
-        for name in (
-            "model",
-            "engine",
-            "steps",
-            "groups",
-            "group_size",
-            "prompt_tokens",
-            "completion_tokens",
-            "micro_batch_seqs",
-            "split_util",
-            "sleep_util",
-            "vllm",
-        )
-    ] + (["--tiny"] if args.tiny else [])
+    args.child_args = (
+        [
+            f"--{name.replace('_', '-')}={getattr(args, name)}"
+            for name in (
+                "model",
+                "engine",
+                "steps",
+                "groups",
+                "group_size",
+                "prompt_tokens",
+                "completion_tokens",
+                "micro_batch_seqs",
+                "split_util",
+                "sleep_util",
+                "vllm",
+            )
+        ]
+        + (["--tiny"] if args.tiny else [])
+        + ([] if args.profile else ["--no-profile"])
+    )
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}

@@ -54,7 +54,15 @@ ACTIVATION_ELEMENTS = (14, 1, 1, 4)
 eager peaks of docs/benchmarks-gpu.md (Qwen3-4B and 8B shapes in rows of 4K tokens:
 31.1 and 47.7 GiB; with checkpointing at 16K tokens 14.7 and 23.7 GiB, which the
 estimate exceeds by 1-3 GiB): the hidden-sized terms are many because RMSNorm keeps
-fp32 copies and every LoRA keeps its input. Compiled layers keep about a quarter less."""
+fp32 copies and every LoRA keeps its input. For eager layers (`compile_layers=False`)."""
+COMPILED_ACTIVATION_ELEMENTS = (6, 2, 2, 3)
+"""The same for compiled decoder layers with fused LoRA (`compile_layers`, the GPU
+default), which keep far fewer intermediates. Fitted to the peaks measured on an H100 and
+an H200 with the defaults (Qwen3-4B shape; docs/benchmarks-gpu.md and issue 39): 24.5
+and 38.9 GiB for passes of 8 and 16 sequences of ~515 tokens (4.1K and 8.2K tokens),
+42.4 and 75.0 GiB for 2 and 4 sequences of 4K tokens; the estimate is 2-12% above each
+(`tests/unit/test_memory.py`). The eager coefficients above were 1.7x the measured peak
+of 16 short sequences, which refused the faster setting beside vLLM."""
 LOGIT_BYTES_PER_ELEMENT = 10
 """The chunked vocabulary projection: bf16 logits, their fp32 copy and its gradient."""
 MARGIN = 1.1
@@ -138,8 +146,8 @@ class ModelShape:
     def kv_bytes_per_token(self) -> int:
         return 2 * self.layers * self.kv_width * 2
 
-    def activation_bytes_per_token(self, checkpointing: bool) -> int:
-        c_h, c_a, c_kv, c_i = ACTIVATION_ELEMENTS
+    def activation_bytes_per_token(self, checkpointing: bool, compiled: bool = False) -> int:
+        c_h, c_a, c_kv, c_i = COMPILED_ACTIVATION_ELEMENTS if compiled else ACTIVATION_ELEMENTS
         layer = 2 * (
             c_h * self.hidden
             + c_a * self.attention_width
@@ -191,9 +199,10 @@ def _trainer_bytes(
     micro_batch_tokens: int,
     logprob_chunk_tokens: int,
     checkpointing: bool,
+    compiled: bool,
 ) -> tuple[int, int]:
     resident = shape.params * 2 + shape.lora_params(lora_rank) * 16 + CUDA_CONTEXT_BYTES
-    activations = micro_batch_tokens * shape.activation_bytes_per_token(checkpointing)
+    activations = micro_batch_tokens * shape.activation_bytes_per_token(checkpointing, compiled)
     logits = min(logprob_chunk_tokens, micro_batch_tokens) * shape.vocab * LOGIT_BYTES_PER_ELEMENT
     return resident, int(resident + MARGIN * (activations + logits))
 
@@ -212,10 +221,12 @@ def plan_memory(
     logprob_chunk_tokens: int,
     activation_checkpointing: bool,
     train_gpu_bytes: int | None = None,
+    compiled_layers: bool = False,
 ) -> MemoryPlan:
     """Estimate one placement (see the module docstring). `colocation` is "split" or
     "sleep" for one shared GPU, "dedicated" when the trainer has its own
-    (`train_gpu_bytes`, default the same size)."""
+    (`train_gpu_bytes`, default the same size). `compiled_layers`: the trainer's
+    decoder layers are compiled (`TrainConfig.compile_layers` on a GPU)."""
     engine_fixed = (
         shape.params * 2
         + max_loras * shape.lora_params(max_lora_rank) * 2
@@ -225,7 +236,12 @@ def plan_memory(
     engine_need = engine_fixed + max_model_len * shape.kv_bytes_per_token()
     engine_bytes = int(gpu_memory_utilization * gpu_bytes)
     resident, peak = _trainer_bytes(
-        shape, lora_rank, micro_batch_tokens, logprob_chunk_tokens, activation_checkpointing
+        shape,
+        lora_rank,
+        micro_batch_tokens,
+        logprob_chunk_tokens,
+        activation_checkpointing,
+        compiled_layers,
     )
     problems = []
     if engine_bytes < engine_need:
@@ -378,6 +394,7 @@ def check_gpu_memory(
         micro_batch_tokens=train.micro_batch_tokens,
         logprob_chunk_tokens=train.logprob_chunk_tokens,
         activation_checkpointing=train.activation_checkpointing,
+        compiled_layers=train.compile_layers,
     )
     logger.info(
         "GPU memory plan (%s): vLLM %.1f GiB of which KV cache for %d tokens; trainer peak "

@@ -146,8 +146,37 @@ def segment_attention(
     gqa = query_1HTD.shape[1] != key_1KTD.shape[1]
     flash = query_1HTD.is_cuda
     dropout = dropout if module.training else 0.0
+    row_pieces = _pieces(rlcoach_segments, query_1HTD.shape[2])
+    tiled = all(a[1] == b[0] for a, b in itertools.pairwise(row_pieces)) and row_pieces[0][0] == 0
+    if tiled and all(
+        context_start == context_end for _, _, context_start, context_end in row_pieces
+    ):
+        # No shared prefix: the pieces tile the row in order, so `split` cuts them. Its
+        # backward is one concatenation of the pieces' gradients, where a slice per piece
+        # would fill a zero tensor of the whole row and add it, per piece and per layer
+        # (element-wise work that grows with the square of the sequences in a pass).
+        sizes = [end - start for start, end, _, _ in row_pieces]
+        pieces = [
+            F.scaled_dot_product_attention(
+                q_1HSD,
+                k_1KSD,
+                v_1KSD,
+                is_causal=True,
+                scale=scaling,
+                dropout_p=dropout,
+                enable_gqa=gqa,
+            )
+            for q_1HSD, k_1KSD, v_1KSD in zip(
+                query_1HTD.split(sizes, dim=2),
+                key_1KTD.split(sizes, dim=2),
+                value_1KTD.split(sizes, dim=2),
+                strict=True,
+            )
+        ]
+        out_1HTD = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2)
+        return out_1HTD.transpose(1, 2).contiguous(), None
     pieces = []
-    for start, end, context_start, context_end in _pieces(rlcoach_segments, query_1HTD.shape[2]):
+    for start, end, context_start, context_end in row_pieces:
         if context_start == context_end:
             pieces.append(
                 F.scaled_dot_product_attention(

@@ -250,8 +250,9 @@ class LoraTrainer:
         self.closed = False
 
     def row_logprobs(self, row: PackedRow, use_adapter: bool = True) -> torch.Tensor:
-        ids = row.input_ids_T[None].to(self.device)
-        positions = row.position_ids_T[None].to(self.device)
+        # non_blocking: no wait for the GPU at each row (see step.py's row_loss_terms).
+        ids = row.input_ids_T[None].to(self.device, non_blocking=True)
+        positions = row.position_ids_T[None].to(self.device, non_blocking=True)
         causal_lm = self.model.get_base_model()
         gpu = self.device.type == "cuda"
         options = {

@@ -35,7 +35,7 @@ Loss (`policy_loss`)
 - Forced tokens (a sampling constraint left exactly one allowed token) are not in the
   mask: the policy did not choose them (see sequences.py and docs/capture.md).
 
-Sampler/trainer mismatch (`sampler_mismatch`)
+Sampler/trainer mismatch (`mismatch_sums`, `sampler_mismatch`)
 - vLLM and the trainer compute the same weights' log-probs with different kernels, so
   they disagree a little even on-policy. Each step measures it on the trained tokens at
   the weights that sampled them: mean and max |trainer - sampler| log-prob, the k3
@@ -64,6 +64,7 @@ __all__ = [
     "group_advantages",
     "loss_normalizer",
     "mismatch_metrics",
+    "mismatch_sums",
     "policy_loss",
     "sampler_mismatch",
     "truncated_importance_weights",
@@ -103,6 +104,13 @@ class MismatchTerms:
     beyond: float
     """Tokens whose |trainer - sampler| log-prob exceeds the threshold."""
 
+    @classmethod
+    def from_sums(cls, sums_5: torch.Tensor) -> MismatchTerms:
+        """From `mismatch_sums`' [tokens, abs_sum, abs_max, k3_sum, beyond] (one wait
+        for the device)."""
+        tokens, abs_sum, abs_max, k3_sum, beyond = (float(x) for x in sums_5.tolist())
+        return cls(tokens, abs_sum, abs_max, k3_sum, beyond)
+
 
 @dataclass(frozen=True, slots=True)
 class LossTerms:
@@ -112,9 +120,15 @@ class LossTerms:
     clipped_tokens: torch.Tensor
     kl_sum: torch.Tensor
     ratio_sum: torch.Tensor
-    mismatch: MismatchTerms
-    """The sampler/trainer mismatch on these tokens (meaningful before the first
-    optimizer step on the batch, when the trainer's weights are the sampling ones)."""
+    mismatch_5: torch.Tensor
+    """The sampler/trainer mismatch on these tokens as `mismatch_sums` gives it, still
+    on the device (meaningful before the first optimizer step on the batch, when the
+    trainer's weights are the sampling ones)."""
+
+    @property
+    def mismatch(self) -> MismatchTerms:
+        """`mismatch_5` as numbers (waits for the device: the step sums rows first)."""
+        return MismatchTerms.from_sums(self.mismatch_5)
 
 
 def truncated_importance_weights(
@@ -165,7 +179,7 @@ def policy_loss(
     unknown_T = torch.isnan(old_logprobs_T)
     old_logprobs_T = torch.where(unknown_T, trainer_at_sampling_T.detach(), old_logprobs_T)
     measured_T = mask_T * (~unknown_T).to(mask_T.dtype)
-    mismatch = sampler_mismatch(
+    mismatch_5 = mismatch_sums(
         trainer_at_sampling_T, old_logprobs_T, measured_T, mismatch_threshold
     )
     tis_T = torch.ones_like(new_logprobs_T)
@@ -198,8 +212,34 @@ def policy_loss(
         clipped_tokens=(clipped_T * mask_T).sum().detach(),
         kl_sum=(kl_T * mask_T).sum().detach(),
         ratio_sum=(ratio_T * mask_T).sum().detach(),
-        mismatch=mismatch,
+        mismatch_5=mismatch_5,
     )
+
+
+def mismatch_sums(
+    trainer_logprobs_T: torch.Tensor,
+    sampler_logprobs_T: torch.Tensor,
+    mask_T: torch.Tensor,
+    threshold: float,
+) -> torch.Tensor:
+    """Sampler/trainer disagreement on the tokens where `mask_T` is 1 (no gradient), as
+    one device tensor [tokens, abs_sum, abs_max, k3_sum, beyond]: masked sums rather
+    than a boolean selection, so nothing waits for the device (a selection's size is a
+    device value). Rows combine by adding, except abs_max (the largest)."""
+    with torch.no_grad():
+        keep_T = mask_T.bool()
+        delta_T = torch.where(keep_T, trainer_logprobs_T.float() - sampler_logprobs_T.float(), 0.0)
+        abs_T = delta_T.abs()
+        k3_T = torch.exp(delta_T) - delta_T - 1.0  # 0 where not kept (delta 0)
+        return torch.stack(
+            [
+                keep_T.sum().float(),
+                abs_T.sum(),
+                abs_T.max() if abs_T.numel() else abs_T.new_zeros(()),
+                k3_T.sum(),
+                (keep_T & (abs_T > threshold)).sum().float(),
+            ]
+        )
 
 
 def sampler_mismatch(
@@ -208,20 +248,10 @@ def sampler_mismatch(
     mask_T: torch.Tensor,
     threshold: float,
 ) -> MismatchTerms:
-    """Sampler/trainer disagreement on the tokens where `mask_T` is 1 (no gradient)."""
-    with torch.no_grad():
-        keep_T = mask_T.bool()
-        delta_N = (trainer_logprobs_T.float() - sampler_logprobs_T.float())[keep_T]
-        if delta_N.numel() == 0:
-            return MismatchTerms(0.0, 0.0, 0.0, 0.0, 0.0)
-        k3_N = torch.exp(delta_N) - delta_N - 1.0
-        return MismatchTerms(
-            tokens=float(delta_N.numel()),
-            abs_sum=float(delta_N.abs().sum()),
-            abs_max=float(delta_N.abs().max()),
-            k3_sum=float(k3_N.sum()),
-            beyond=float((delta_N.abs() > threshold).sum()),
-        )
+    """Sampler/trainer disagreement on the tokens where `mask_T` is 1, as numbers."""
+    return MismatchTerms.from_sums(
+        mismatch_sums(trainer_logprobs_T, sampler_logprobs_T, mask_T, threshold)
+    )
 
 
 def mismatch_metrics(terms: list[MismatchTerms]) -> dict[str, float]:

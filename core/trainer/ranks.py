@@ -128,8 +128,8 @@ class _RankTrainer:
         self.optimizer = build_optimizer(self.model, config, fused=False)
 
     def row_logprobs(self, row: PackedRow, use_adapter: bool = True) -> torch.Tensor:
-        ids = row.input_ids_T[None].to(self.device)
-        positions = row.position_ids_T[None].to(self.device)
+        ids = row.input_ids_T[None].to(self.device, non_blocking=True)
+        positions = row.position_ids_T[None].to(self.device, non_blocking=True)
         with autocast(self.device):  # as LoraTrainer: bf16 only where it is fast
             if use_adapter:
                 return self.root(ids, positions, True, row.segments)

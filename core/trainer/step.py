@@ -3,9 +3,10 @@
 Flow of `grpo_step`: group advantages (zero-variance groups dropped and counted) →
 exact-token sequences (`collect_sequences`) → `mini_batches` interleaved slices → for
 each mini-batch: the loss normaliser of the whole mini-batch, the packed rows this
-process runs, forward/backward every row (gradients accumulate), clip, one AdamW step →
-stats. The loss of every row is divided by the normaliser of its whole mini-batch, so
-how the rows are packed, micro-batched or spread over ranks changes memory, not the
+process runs, forward/backward every row (gradients accumulate; the rows' loss sums
+and mismatch stay on the device), clip, read the sums once, one AdamW step → stats. The
+loss of every row is divided by the normaliser of its whole mini-batch, so how the rows
+are packed, micro-batched or spread over ranks changes memory, not the
 result (up to rounding).
 
 A trainer hands the step what differs between one process and several (`StepParts`):
@@ -30,6 +31,7 @@ import time
 from typing import Any, Protocol
 
 import torch
+from torch.profiler import record_function
 
 from rlcoach.config import TrainConfig
 from rlcoach.runtime.failpoints import poison
@@ -143,11 +145,14 @@ def row_loss_terms(
     device = parts.device
     ref = parts.row_logprobs(row, use_adapter=False) if config.kl_coef > 0 else None
     new_T = parts.row_logprobs(row)
+    # non_blocking: a blocking host-to-device copy waits for the GPU to finish everything
+    # queued (cudaStreamSynchronize), leaving it idle at each row's start; from pageable
+    # memory the copy is staged before the call returns, so the source may change after.
     return policy_loss(
         new_T,
-        row.old_logprobs_T[1:].to(device),
-        row.advantages_T[1:].to(device),
-        row.sampled_mask_T[1:].to(device),
+        row.old_logprobs_T[1:].to(device, non_blocking=True),
+        row.advantages_T[1:].to(device, non_blocking=True),
+        row.sampled_mask_T[1:].to(device, non_blocking=True),
         normalizer=normalizer,
         kind=config.loss,
         clip_low=config.clip_low,
@@ -210,7 +215,8 @@ def grpo_step(parts: StepParts, groups: list[TrajectoryGroup], c: TrainConfig) -
     for group in parts.optimizer.param_groups:
         group["lr"] = c.learning_rate
     started = time.perf_counter()
-    sequences, skipped, trajectories = collect_sequences(groups, c)
+    with record_function("rlcoach.sequences"):
+        sequences, skipped, trajectories = collect_sequences(groups, c)
     if not sequences:
         return untrained_stats(len(groups), skipped, started)
     params = [p for p in parts.model.parameters() if p.requires_grad]
@@ -221,30 +227,46 @@ def grpo_step(parts: StepParts, groups: list[TrajectoryGroup], c: TrainConfig) -
     mismatch: list[MismatchTerms] = []
     parts.model.train()
     try:
-        rows_by_part = [parts.rows(part, c) for part in mini_batches]
+        with record_function("rlcoach.pack_rows"):
+            rows_by_part = [parts.rows(part, c) for part in mini_batches]
         olds: list[list[torch.Tensor | None]] = [[None] * len(rows) for rows in rows_by_part]
         if c.tis_cap is not None and len(mini_batches) > 1:
-            olds = _trainer_old_logprobs(parts, rows_by_part)
+            # Only here: with one mini-batch, or without TIS, the sampler's log-probs are
+            # the old ones and no pass recomputes them (objective.py).
+            with record_function("rlcoach.old_logprobs"):
+                olds = _trainer_old_logprobs(parts, rows_by_part)
         for number, (part, rows) in enumerate(zip(mini_batches, rows_by_part, strict=True)):
             normalizer = loss_normalizer(c.loss, [s.sampled_tokens for s in part])
             parts.optimizer.zero_grad(set_to_none=True)
-            sums = [0.0, 0.0, 0.0, 0.0]  # loss, clipped tokens, KL, ratio
+            # The rows' sums stay on the device (loss, clipped tokens, KL, ratio) and are
+            # read once per mini-batch with the gradient norm: a read per row would make
+            # the CPU wait for the GPU between rows, leaving it idle while the next row's
+            # kernels are launched.
+            sums_4 = torch.zeros(4, device=parts.device)
+            measured_5: torch.Tensor | None = None
             for row, old in zip(rows, olds[number], strict=True):
-                terms = row_loss_terms(parts, row, normalizer, c, old)
-                terms.loss.backward()
-                for index, value in enumerate(
-                    (terms.loss, terms.clipped_tokens, terms.kl_sum, terms.ratio_sum)
-                ):
-                    sums[index] += float(value.detach())
+                with record_function("rlcoach.forward"):
+                    terms = row_loss_terms(parts, row, normalizer, c, old)
+                with record_function("rlcoach.backward"):
+                    terms.loss.backward()
+                sums_4 += torch.stack(
+                    [terms.loss.detach(), terms.clipped_tokens, terms.kl_sum, terms.ratio_sum]
+                ).float()
                 if number == 0 or old is not None:
-                    mismatch.append(terms.mismatch)
-            norm = _as_float(torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm))
+                    measured_5 = _combine(measured_5, terms.mismatch_5)
+            with record_function("rlcoach.clip_and_read"):
+                norm = _as_float(torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm))
+                sums = [float(x) for x in sums_4.tolist()]
+                if measured_5 is not None:
+                    mismatch.append(MismatchTerms.from_sums(measured_5))
             # Summed over ranks before the update, so every rank sees the same values
             # (the norm is global under FSDP) and all of them stop here together (a fault
             # test's NaN, failpoints.py, is added before the sum for the same reason).
             sums[0] = poison("update.loss", sums[0])
             part_loss, part_clipped, part_kl, part_ratio = parts.sum_over_ranks(sums)
-            if not finite_update(parts.optimizer, part_loss, norm, number + 1):
+            with record_function("rlcoach.optimizer"):
+                updated = finite_update(parts.optimizer, part_loss, norm, number + 1)
+            if not updated:
                 return untrained_stats(
                     len(groups), skipped, started, non_finite=number + 1, optimizer_steps=number
                 )
@@ -272,6 +294,15 @@ def grpo_step(parts: StepParts, groups: list[TrajectoryGroup], c: TrainConfig) -
         optimizer_steps=len(norms),
         **mismatch_metrics([measured]),
     )
+
+
+def _combine(total_5: torch.Tensor | None, row_5: torch.Tensor) -> torch.Tensor:
+    """Two rows' `mismatch_sums` as one: sums add, abs_max (index 2) is the larger."""
+    if total_5 is None:
+        return row_5
+    combined_5 = total_5 + row_5
+    combined_5[2] = torch.maximum(total_5[2], row_5[2])
+    return combined_5
 
 
 def _over_ranks(parts: StepParts, terms: list[MismatchTerms]) -> MismatchTerms:
