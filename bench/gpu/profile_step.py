@@ -55,7 +55,7 @@ class StepRecorder:
         return timed
 
     def install(self, backend: Any) -> StepRecorder:
-        import rlcoach.step_commit as step_commit
+        import rlcoach.backend.step_commit as step_commit
         from rlcoach.trainer.lora import LoraTrainer
 
         backend._render = self._timed("render", backend._render)

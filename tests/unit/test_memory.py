@@ -55,9 +55,7 @@ def _peak(config: dict, tokens: int, checkpointing: bool) -> float:
         (16384, 75.0),  # 4 x 4K (H200)
     ],
 )
-def test_the_compiled_trainer_estimate_is_within_15_percent_of_measured_peaks(
-    tokens, measured_gib
-):
+def test_the_compiled_trainer_estimate_is_within_15_percent_of_measured_peaks(tokens, measured_gib):
     """The GPU default (compiled layers, fused LoRA), at the default 1024-token chunk."""
     plan = plan_memory(
         ModelShape.from_config(QWEN3_4B),
