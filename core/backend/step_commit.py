@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rlcoach.backend.protocol import StepResult
 from rlcoach.errors import CheckpointError, RLCoachError
@@ -62,13 +62,14 @@ if TYPE_CHECKING:
     from rlcoach.endpoint.gateway import Gateway
     from rlcoach.endpoint.router import Router
     from rlcoach.rollout.staleness import Staleness
-    from rlcoach.trainer.base import SFTStats, StepStats, Trainer
+    from rlcoach.trainer.base import SFTStats, StepStats
     from rlcoach.trajectory.trajectories import TrajectoryGroup
 
 __all__ = [
     "COMMITTED_EVENTS",
     "METRICS_RECORD",
     "STEP_RECORD",
+    "CheckpointWriter",
     "Committed",
     "MetricsLedger",
     "TrainedStep",
@@ -90,6 +91,15 @@ commit point (so a committed step always has its line, see `MetricsLedger`)."""
 
 COMMITTED_EVENTS = ("train", "sft", "restore")
 """The `event` of a committed step's metrics record."""
+
+
+class CheckpointWriter(Protocol):
+    """What the commit point needs of a trainer: its adapter and its optimizer state
+    written into a folder (a `Trainer`, or a restore's copy of a checkpoint)."""
+
+    def save_adapter(self, folder: Path) -> None: ...
+
+    def save_optimizer(self, folder: Path) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +181,7 @@ class Committed:
 async def commit_step(
     gateway: Gateway,
     model_name: str,
-    trainer: Trainer,
+    trainer: CheckpointWriter,
     paths: RunPaths,
     step: int,
     previous: int,
@@ -214,7 +224,9 @@ async def commit_step(
     return Committed(folder, record, save_seconds, publish_seconds)
 
 
-def write_uncommitted(trainer: Trainer, paths: RunPaths, step: int, record: dict[str, Any]) -> Path:
+def write_uncommitted(
+    trainer: CheckpointWriter, paths: RunPaths, step: int, record: dict[str, Any]
+) -> Path:
     """Step 1 of the module: the adapter and the step record, renamed into place with the
     `UNCOMMITTED` marker; returns the folder."""
     target = paths.checkpoint(step)

@@ -66,10 +66,10 @@ def _pieces(
     `rlcoach_segments` (boundaries [S+1], or pieces [S, 4])."""
     if segments is None:
         return [(0, length, 0, 0)]
-    if isinstance(segments, torch.Tensor):  # a CPU tensor: reading it does not sync the GPU
-        segments = segments.tolist()  # boundaries [S+1] or pieces [S, 4]
-    if segments and isinstance(segments[0], int):
-        pieces = [(start, end, start, start) for start, end in itertools.pairwise(segments)]
+    # A CPU tensor: reading it does not sync the GPU. Boundaries [S+1] or pieces [S, 4].
+    listed: list[Any] = segments.tolist() if isinstance(segments, torch.Tensor) else list(segments)
+    if listed and isinstance(listed[0], int):
+        pieces = [(start, end, start, start) for start, end in itertools.pairwise(listed)]
     else:
         pieces = [(int(a), int(b), int(c), int(d)) for a, b, c, d in segments]
     if not pieces or max(end for _, end, _, _ in pieces) != length:

@@ -59,7 +59,7 @@ def is_sharded(value: torch.Tensor) -> bool:
 
 def full_tensor(value: torch.Tensor) -> torch.Tensor:
     """The whole tensor on the CPU (a collective for a sharded DTensor: every rank calls)."""
-    whole = value.full_tensor() if is_sharded(value) else value
+    whole = value.full_tensor() if is_sharded(value) else value  # type: ignore[attr-defined]  # a DTensor
     return whole.detach().cpu()
 
 
@@ -71,7 +71,8 @@ def shard_like(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return whole
     from torch.distributed.tensor import distribute_tensor
 
-    return distribute_tensor(whole, like.device_mesh, like.placements, src_data_rank=None)
+    mesh, placements = like.device_mesh, like.placements  # type: ignore[attr-defined]  # a DTensor
+    return distribute_tensor(whole, mesh, placements, src_data_rank=None)
 
 
 def save_optimizer_state(optimizer: torch.optim.Optimizer, folder: Path, *, write: bool) -> None:

@@ -89,7 +89,7 @@ def fuse_lora_linears(model: torch.nn.Module) -> int:
     fused = 0
     for module in model.modules():
         if type(module) is LoraLinear:  # subclasses (quantized bases) keep their own
-            module.forward = types.MethodType(_fused_lora_forward, module)
+            module.forward = types.MethodType(_fused_lora_forward, module)  # type: ignore[method-assign]  # this instance's own
             fused += 1
     return fused
 

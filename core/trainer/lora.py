@@ -194,7 +194,7 @@ def build_lora_model(model_path: str | Path, config: TrainConfig, device: torch.
     register_segment_attention()
     base = AutoModelForCausalLM.from_pretrained(
         model_path, dtype=dtype, attn_implementation=SEGMENT_ATTENTION
-    ).to(device)
+    ).to(device)  # type: ignore[arg-type]  # transformers' stubs take a model here
     base.config.use_cache = False
     if config.activation_checkpointing:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -216,7 +216,7 @@ def build_lora_model(model_path: str | Path, config: TrainConfig, device: torch.
         # per LoRA layer for nothing, since the step always runs under autocast.
         for module in model.modules():
             if hasattr(module, "lora_A"):
-                module.cast_input_dtype_enabled = False
+                module.cast_input_dtype_enabled = False  # type: ignore[assignment]  # peft's flag
         # GPU only (fusion.py): on the CPU inductor's compiling costs more than it saves.
         if config.fused_lora:
             fuse_lora_linears(model)
@@ -255,7 +255,7 @@ class LoraTrainer:
         positions = row.position_ids_T[None].to(self.device, non_blocking=True)
         causal_lm = self.model.get_base_model()
         gpu = self.device.type == "cuda"
-        options = {
+        options: dict[str, Any] = {
             "chunk": self.config.logprob_chunk_tokens,
             "compiled": self.config.compile_layers and gpu,
             "fused_logprob": self.config.fused_logprob and gpu,

@@ -119,7 +119,9 @@ class _RankTrainer:
         mesh = init_device_mesh(device.type, (self.world,))
         for layer in self.model.get_base_model().get_decoder().layers:
             fully_shard(layer, mesh=mesh)
-        self.root = fully_shard(_RowLogprobs(self.model, config.logprob_chunk_tokens), mesh=mesh)
+        self.root: Any = fully_shard(
+            _RowLogprobs(self.model, config.logprob_chunk_tokens), mesh=mesh
+        )
         for module in self.root.modules():
             if isinstance(module, FSDPModule):
                 # Sum over ranks, not the mean; as a plain SUM (gloo has no PREMUL_SUM).
@@ -242,6 +244,7 @@ def _serve(trainer: _RankTrainer, channel: _Channel | None) -> None:
         box = [channel.receive(_IDLE_S) if channel is not None else None]
         dist.broadcast_object_list(box, src=0)
         command = box[0]
+        assert command is not None  # every rank holds rank 0's command after the broadcast
         if command["cmd"] == "close":
             return
         if command["cmd"] == "idle":

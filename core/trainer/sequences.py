@@ -230,7 +230,7 @@ def share_prefixes(
     shorter prefix joins only if the shorter prefix, counted once more, saves as much.
     A unit longer than `max_tokens` is cut into units that fit, each with the prefix."""
     units: list[SharedPrefix] = []
-    shared, members = 0, []
+    shared, members = 0, list[TrainSequence]()
     for sequence in sorted(sequences, key=lambda s: s.token_ids[: _context_length(s)]):
         if members:
             common = _common_length(

@@ -210,7 +210,7 @@ def sft_train(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(batches), desc="sft", unit="step")
-    losses, norms = [], []
+    losses, norms = list[float](), list[float]()
     params = [p for p in trainer.model.parameters() if p.requires_grad]
     trainer.model.train()
     try:

@@ -66,7 +66,9 @@ class StepParts(Protocol):
     device: torch.device
     model: Any
     """The peft model; its trainable parameters are the LoRA weights."""
-    optimizer: torch.optim.Optimizer
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer: ...
 
     def row_logprobs(self, row: PackedRow, use_adapter: bool = True) -> torch.Tensor:
         """Token log-probs of `row`, shape [T-1] (fp32)."""
@@ -189,7 +191,7 @@ def finite_update(
 
 def _as_float(norm: torch.Tensor) -> float:
     """A gradient norm as a number (under FSDP a DTensor: its value is a collective)."""
-    return float(norm.full_tensor() if is_sharded(norm) else norm)
+    return float(norm.full_tensor() if is_sharded(norm) else norm)  # type: ignore[attr-defined]  # a DTensor
 
 
 def _trainer_old_logprobs(
@@ -292,7 +294,7 @@ def grpo_step(parts: StepParts, groups: list[TrajectoryGroup], c: TrainConfig) -
         mean_ratio=ratio / sampled,
         seconds=time.perf_counter() - started,
         optimizer_steps=len(norms),
-        **mismatch_metrics([measured]),
+        **mismatch_metrics([measured]),  # type: ignore[arg-type]  # its fields are all floats
     )
 
 
