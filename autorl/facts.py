@@ -16,6 +16,7 @@ case-, accent- and punctuation-insensitively as whole words.
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import re
@@ -24,7 +25,7 @@ from typing import Any
 
 from rlcoach.autorl.dedupe import normalize_text
 
-__all__ = ["Fact", "fact_found", "facts_score", "key_facts"]
+__all__ = ["Fact", "fact_found", "facts_score", "key_facts", "listed_values", "parsed"]
 
 _ISO = re.compile(
     r"\b(\d{4}-\d{2}-\d{2})(?:[T ](\d{2}:\d{2})(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?\b"
@@ -178,15 +179,53 @@ def _json_facts(value: Any, key: str = "") -> list[Fact]:
     return []
 
 
+def parsed(text: str) -> Any:
+    """A result as data: JSON, or a Python literal (servers that answer `str(rows)`),
+    else the text itself."""
+    text = text.strip()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    if text[:1] in "[{":
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            pass
+    return text
+
+
+def listed_values(result: str) -> list[str]:
+    """The items a listing names, in order: the strings of a list (an object's first
+    string value, its `name` first), else the lines of a text listing without their
+    markers (`[FILE] notes.md`, `- item`)."""
+    data = parsed(result)
+    if isinstance(data, dict):
+        lists = [v for v in data.values() if isinstance(v, list)]
+        data = lists[0] if len(lists) == 1 else data
+    if isinstance(data, list):
+        out = []
+        for item in data:
+            if isinstance(item, dict):
+                strings = [v for v in item.values() if isinstance(v, str)]
+                item = item.get("name") if isinstance(item.get("name"), str) else None
+                item = item or (strings[0] if strings else None)
+            if isinstance(item, str):
+                out.append(item)
+        return out
+    lines = [
+        re.sub(r"^\s*(?:\[\w+\]|[-*•]|\d+[.)])\s+", "", line).strip()
+        for line in result.splitlines()
+    ]
+    return [line for line in lines if line and len(line) <= 80]
+
+
 def key_facts(result: str, *, known: str = "", limit: int = 3) -> list[Fact]:
     """Up to `limit` facts of a tool's result that `known` (the request) does not state."""
     text = result.strip()
-    try:
-        parsed = json.loads(text)
-    except json.JSONDecodeError:
-        parsed = text
-    if isinstance(parsed, dict | list):
-        candidates = _json_facts(parsed)  # an empty listing has no facts
+    data = parsed(text)
+    if isinstance(data, dict | list):
+        candidates = _json_facts(data)  # an empty listing has no facts
     else:
         candidates = _text_facts(text) or (_string_facts(text) if text else [])
     facts: list[Fact] = []
