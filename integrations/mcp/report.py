@@ -65,6 +65,30 @@ def report_markdown(report: dict[str, Any]) -> str:
             f"{s['tool_error_rate']:.3f} | {s['failed']:.0f} | {s['trained']} | "
             f"{s['served']} |"
         )
+    curve = report.get("held_out_curve") or []
+    if curve:
+        best = report.get("best") or {}
+        restored = report.get("restored_from_step")
+        lines += [
+            "",
+            "## Held-out curve (base -> SFT -> RL)",
+            "",
+            "| model step | after | success | reward | best |",
+            "|---|---|---|---|---|",
+            *(
+                f"| {p['step']} | {p['label']} | {p['success']:.3f} | {p['reward']:.3f} | "
+                f"{'yes' if p == best else ''} |"
+                for p in curve
+            ),
+            "",
+            f"Served at the end: {report['served']}"
+            + (
+                f" (model step {restored} restored: the best by held-out success)"
+                if restored
+                else ""
+            )
+            + ("; RL stopped early: held-out success fell" if report.get("stopped_early") else ""),
+        ]
     explored = report.get("exploration")
     if explored:
         lines += [
