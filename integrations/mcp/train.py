@@ -489,9 +489,8 @@ async def _serve_best(
             "the base model did better on the held-out split than every trained checkpoint; "
             f"serving the last one ({model.served_name}): see the curve in the report"
         )
-    last = curve.points[-1]
-    if last["step"] == model.step and last["label"] != "before":
-        return {k: v for k, v in last.items() if k not in ("step", "label")}, None
+    # a fresh evaluation even when the curve's last point is this step: the best point is
+    # the highest of several noisy ones, and the report's final number should not be
     return await evaluate("after", "after training"), None
 
 
