@@ -248,6 +248,14 @@ def train(
     patience: Annotated[
         int, typer.Option(min=1, help="Stop RL after N evaluations in a row below the best.")
     ] = 2,
+    refill_rounds: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Rounds per step that replace scenarios whose attempts all scored the same "
+            "(DAPO's dynamic sampling; 0: off).",
+        ),
+    ] = 1,
     keep_best: Annotated[
         bool, typer.Option(help="Serve the best checkpoint by held-out success at the end.")
     ] = True,
@@ -306,6 +314,7 @@ def train(
             eval_every=eval_every,
             patience=patience,
             keep_best=keep_best,
+            refill_rounds=refill_rounds,
             engine=engine,
             root=root,
             seed=seed,

@@ -56,13 +56,15 @@ def report_markdown(report: dict[str, Any]) -> str:
         f"| after | {after['success']:.3f} | {after['reward']:.3f} | "
         f"{after['tool_error_rate']:.3f} | {after['failed']:.0f} |",
         "",
-        "| step | reward | success | tool-call error rate | failed | trained | served |",
-        "|---|---|---|---|---|---|---|",
+        "| step | reward | success | tool-call error rate | failed | groups varied / sampled "
+        "| trained | served |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for s in report["steps"]:
         lines.append(
             f"| {s['step']} | {s['reward']:.3f} | {s['success']:.3f} | "
-            f"{s['tool_error_rate']:.3f} | {s['failed']:.0f} | {s['trained']} | "
+            f"{s['tool_error_rate']:.3f} | {s['failed']:.0f} | "
+            f"{s.get('groups_varied', '-')} / {s.get('groups_sampled', '-')} | {s['trained']} | "
             f"{s['served']} |"
         )
     curve = report.get("held_out_curve") or []

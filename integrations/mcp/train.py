@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,6 +137,11 @@ class MCPTrainConfig(Config):
     eval_every: int = Field(2, ge=0)
     """Evaluate the held-out split every this many RL steps (and after the last); 0: only
     after the last. The best checkpoint by held-out success is kept (`keep_best`)."""
+    refill_rounds: int = Field(1, ge=0)
+    """Dynamic sampling (DAPO): a group whose attempts all scored the same teaches nothing
+    (after an SFT warm-up, most do), so its scenario is replaced by another training
+    scenario and sampled again, up to this many rounds per step; the step then trains on
+    the groups that differ. 0: train on the batch as drawn."""
     patience: int = Field(2, ge=1)
     """Stop RL after this many evaluations in a row below the best."""
     keep_best: bool = True
@@ -410,6 +416,11 @@ async def _warm_up(
     }
 
 
+def _varied(group: TrajectoryGroup) -> bool:
+    """Whether a group's attempts scored differently (else its advantages are all 0)."""
+    return len({round(t.reward, 6) for t in group.trajectories}) > 1
+
+
 async def _reinforce(
     model: TrainableModel,
     config: MCPTrainConfig,
@@ -436,8 +447,27 @@ async def _reinforce(
         groups = await _rollouts(
             model, config, server, found, check, batch.items, config.group_size, label, hook
         )
-        row: dict[str, Any] = {"step": batch.step + 1, **summarize(groups)}
-        result = await model.train(groups)
+        spare = [r for r in train if r not in batch.items]
+        random.Random(config.seed * 100_003 + batch.step).shuffle(spare)
+        gathered = list(groups)
+        for _ in range(config.refill_rounds):
+            flat = [g for g in groups if not _varied(g)]
+            if not flat or not spare:
+                break
+            extra, spare = spare[: len(flat)], spare[len(flat) :]
+            more = await _rollouts(
+                model, config, server, found, check, extra, config.group_size, label, hook
+            )
+            gathered += more
+            groups = [g for g in groups if _varied(g)] + more
+        varied = [g for g in groups if _varied(g)]
+        row: dict[str, Any] = {
+            "step": batch.step + 1,
+            **summarize(gathered),
+            "groups_varied": len(varied),
+            "groups_sampled": len(gathered),
+        }
+        result = await model.train(varied or groups)
         row.update(trained=result.stats.trained, loss=result.stats.loss, served=model.served_name)
         steps.append(row)
         append_jsonl(paths.metrics, {"event": "mcp_step", **row})
