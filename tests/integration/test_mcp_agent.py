@@ -188,7 +188,7 @@ async def test_train_on_server_writes_a_report(agent, vllm_backend, tmp_path):
     assert saved["warmup"]["examples"] == 2 and step["step"] == 2
     assert saved["lora"] is not None  # the warm-up's adapter at least
     labels = [p["label"] for p in saved["held_out_curve"]]
-    assert labels == ["before", "SFT", "RL 1"] if step["trained"] else ["before", "SFT"]
+    assert labels == (["before", "SFT", "RL 1"] if step["trained"] else ["before", "SFT"])
     assert "| after the SFT warm-up |" in markdown
 
 
