@@ -207,6 +207,7 @@ EXPORTED = {
         "check_solvable",
         "deduplicate",
         "describe_tools",
+        "drop_gameable",
         "generate_inputs",
         "generate_scenarios",
         "generate_system_prompt",
@@ -227,7 +228,9 @@ EXPORTED = {
     ],
     "rlcoach.integrations.mcp": [
         "ArgumentSynthesizer",
+        "DataModel",
         "Exploration",
+        "HeldOutCurve",
         "ToolSafety",
         "explore",
         "grounded_check",
