@@ -139,6 +139,17 @@ def _requests(call: GroundedCall) -> list[str]:
     ]
 
 
+def _kept_values(record: InputRecord) -> list[str]:
+    """The values a rewording must keep: the call's argument values the request states,
+    and for a query (SQL) the quoted literals of it that the request states."""
+    leaves = _leaves(json.loads(str(record.metadata.get("arguments") or "{}")))
+    kept = [leaf for leaf in leaves if leaf in record.text]
+    for leaf in leaves:
+        if leaf not in record.text:
+            kept += [v for v in re.findall(r"'((?:[^']|'')*)'", leaf) if v and v in record.text]
+    return list(dict.fromkeys(kept))
+
+
 def answer_facts(record: InputRecord) -> list[Fact]:
     """The key facts a record's metadata carries (empty for a record without a key)."""
     raw = record.metadata.get("facts")
@@ -319,7 +330,7 @@ async def rephrase(
     gate = asyncio.Semaphore(concurrency)
 
     async def one(record: InputRecord) -> InputRecord | None:
-        leaves = _leaves(json.loads(str(record.metadata.get("arguments") or "{}")))
+        leaves = _kept_values(record)
         keep = "; ".join(leaves) or "(none)"
         ask = (
             f"Reword this request to an assistant as a user would say it, in one sentence. "
