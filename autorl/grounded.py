@@ -183,16 +183,22 @@ def _chained_requests(call: GroundedCall, first: GroundedCall) -> list[str]:
     from rlcoach.autorl.facts import listed_values
 
     listed = listed_values(first.result)
-    leaves = [v for v in _leaves(call.arguments) if v in listed]
-    if not leaves or any(leaf in _leaves(first.arguments) for leaf in leaves):
-        return []
-    place = listed.index(leaves[0])
+    leaves = _leaves(call.arguments)
+    # a listing may name the item as the call takes it, or by its last path part
+    chained = [v for v in leaves if v in listed or v.rsplit("/", 1)[-1] in listed]
+    given = _leaves(first.arguments)
+    if not chained or len(chained) < len(leaves) or any(v in given for v in chained):
+        return []  # every value must come from the listing, and not be in its request
+    item = chained[0] if chained[0] in listed else chained[0].rsplit("/", 1)[-1]
+    place = listed.index(item)
     ordinal = "last" if place == len(listed) - 1 and place >= 3 else None
     if ordinal is None and place < len(_ORDINALS):
         ordinal = _ORDINALS[place]
     if ordinal is None:
         return []
     step_one, step_two = _purpose(first), _purpose(call)
+    if given:  # the first call's own values are stated, so it can be made
+        step_one += f" ({', '.join(given)})"
     return [
         f"{step_one[0].upper()}{step_one[1:]}, then {step_two} for the {ordinal} one listed.",
         f"First {step_one}. Then, for the {ordinal} item of that list, {step_two}.",
