@@ -246,7 +246,8 @@ def train(
         int, typer.Option(min=0, help="Evaluate held out every N RL steps (0: after the last).")
     ] = 2,
     patience: Annotated[
-        int, typer.Option(min=1, help="Stop RL after N evaluations in a row below the best.")
+        int,
+        typer.Option(min=1, help="Stop RL after N evaluations below the best (ties not counted)."),
     ] = 2,
     refill_rounds: Annotated[
         int,

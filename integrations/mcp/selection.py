@@ -4,7 +4,8 @@ A few GRPO steps on a few dozen scenarios can leave a policy worse than the SFT 
 it started from (measured before this module: held-out success 0.438 -> 0.375 on a time
 server, 0.958 -> 0.833 on a calculator). So `rlcoach mcp train` evaluates the held-out
 split every `eval_every` RL steps (`HeldOutCurve`), remembers the best checkpoint by
-(success, reward), stops early after `patience` evaluations in a row below the best, and
+(success, reward), stops early after `patience` evaluations below the best (a tie is
+not a fall), and
 at the end serves the best: when it is not the latest step, `restore_checkpoint` makes
 it the model's next step — its adapter and optimizer state copied into a new checkpoint
 folder, written as a step is (a temp folder renamed into place), and published by
@@ -37,7 +38,7 @@ class HeldOutCurve:
     points: list[dict[str, Any]] = field(default_factory=list)
     best: dict[str, Any] | None = None
     behind: int = 0
-    """Evaluations in a row below the best."""
+    """Evaluations below the best since it was set (ties not counted)."""
 
     def add(self, step: int, label: str, result: dict[str, float]) -> bool:
         """Record the evaluation of model step `step`; True when it is the best so far."""
@@ -46,12 +47,13 @@ class HeldOutCurve:
         if self.best is None or _key(point) > _key(self.best):
             self.best, self.behind = point, 0
             return True
-        self.behind += 1
+        if _key(point) < _key(self.best):
+            self.behind += 1  # a tie is no fall: it neither counts nor resets
         return False
 
     @property
     def falling(self) -> bool:
-        """Whether the last `patience` evaluations were all below the best: stop."""
+        """Whether `patience` evaluations since the best were below it: stop."""
         return self.behind >= self.patience
 
 

@@ -143,7 +143,8 @@ class MCPTrainConfig(Config):
     scenario and sampled again, up to this many rounds per step; the step then trains on
     the groups that differ. 0: train on the batch as drawn."""
     patience: int = Field(2, ge=1)
-    """Stop RL after this many evaluations in a row below the best."""
+    """Stop RL after this many evaluations below the best since it was set (a tie is no
+    fall)."""
     keep_best: bool = True
     """Serve the best checkpoint by held-out success at the end (the SFT warm-up's, or an
     RL step's), made the model's latest step when it is not; False: serve the last."""
@@ -489,7 +490,7 @@ async def _reinforce(
                 _log(
                     f"stopping early after {done} RL steps: held-out success fell below the "
                     f"best ({curve.best['success']:.3f} at model step {curve.best['step']}) "
-                    f"{curve.behind} evaluations in a row"
+                    f"in {curve.behind} evaluations since"
                 )
                 return steps, True
     return steps, False
@@ -516,7 +517,7 @@ async def _serve_best(
         return await evaluate("after", "after training (the best checkpoint)"), restored
     if config.keep_best and best["step"] == 0 and model.step > 0:
         _log(
-            "the base model did better on the held-out split than every trained checkpoint; "
+            "no trained checkpoint did better than the base model on the held-out split; "
             f"serving the last one ({model.served_name}): see the curve in the report"
         )
     # a fresh evaluation even when the curve's last point is this step: the best point is

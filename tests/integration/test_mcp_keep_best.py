@@ -76,7 +76,7 @@ def test_the_curve_keeps_the_best_and_says_when_it_falls():
     assert curve.add(0, "before", {"success": 0.0, "reward": 0.1})
     assert curve.add(1, "SFT", {"success": 0.5, "reward": 0.6})
     assert not curve.add(2, "RL 1", {"success": 0.5, "reward": 0.6})  # a tie: the earlier
-    assert not curve.falling
+    assert not curve.falling and curve.behind == 0  # ...and no fall
     assert curve.add(3, "RL 2", {"success": 0.5, "reward": 0.7})  # same success, more reward
     assert not curve.add(4, "RL 3", {"success": 0.25, "reward": 0.7})
     assert not curve.add(5, "RL 4", {"success": 0.375, "reward": 0.9})
