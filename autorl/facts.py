@@ -175,8 +175,30 @@ def _json_facts(value: Any, key: str = "") -> list[Fact]:
     if isinstance(value, dict):
         return [f for k, v in value.items() for f in _json_facts(v, str(k))]
     if isinstance(value, list):
+        positional = _positional_keys(value)
+        if positional:  # a row's place in the list says nothing about the data
+            value = [{k: v for k, v in row.items() if k not in positional} for row in value]
         return [f for item in value for f in _json_facts(item, key)]
     return []
+
+
+def _positional_keys(rows: list[Any]) -> set[str]:
+    """Keys of a list of objects whose values count the rows (0, 1, 2, ... or 1, 2, 3,
+    ...): a column listing's `cid`, a row number."""
+    if len(rows) < 2 or not all(isinstance(r, dict) for r in rows):
+        return set()
+    keys = set.intersection(*(set(r) for r in rows))
+    out = set()
+    for key in keys:
+        values = [r[key] for r in rows]
+        integers = all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+        if (
+            integers
+            and values[0] in (0, 1)
+            and values == list(range(values[0], len(rows) + values[0]))
+        ):
+            out.add(key)
+    return out
 
 
 def parsed(text: str) -> Any:

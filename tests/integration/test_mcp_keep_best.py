@@ -106,7 +106,7 @@ async def test_the_job_serves_the_best_checkpoint_by_held_out_success(vllm_backe
         warmup_epochs=1,
         warmup_examples=4,
         learning_rate=5e-2,
-        agent={"max_turns": 3, "max_tokens": 64},
+        agent={"max_turns": 2, "max_tokens": 48},
         progress=False,
     )
     report = await train_on_server(config, backend=vllm_backend)
