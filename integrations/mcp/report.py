@@ -36,7 +36,8 @@ def report_markdown(report: dict[str, Any]) -> str:
         f"- server: `{report['server']}` ({report['server_name']}), tools: "
         f"{', '.join(report['tools'])}",
         f"- scenarios: {report['scenarios']['train']} train, {report['scenarios']['eval']} "
-        f"held out ({report['scenarios']['source']})",
+        f"held out ({report['scenarios']['source']}); "
+        f"{report['scenarios'].get('two_call', 0)} need two calls",
         f"- reward: {report['reward']}",
         f"- LoRA: `{report['lora']}`",
         f"- minutes: {report['minutes']:.1f}",
@@ -108,10 +109,10 @@ def report_markdown(report: dict[str, Any]) -> str:
     examples = report["scenarios"].get("examples") or []
     if examples:
         lines += ["", "## Scenarios (a sample; all in scenarios/)", ""]
-        lines += ["| request | call | answer key (facts) | held out |", "|---|---|---|---|"]
+        lines += ["| request | calls | answer key (facts) | held out |", "|---|---|---|---|"]
         for e in examples:
             lines.append(
-                f"| {e['text']} | {e['tool']} {e['arguments']} | "
+                f"| {e['text']} | {e.get('calls') or e['tool'] + ' ' + str(e['arguments'])} | "
                 f"{'; '.join(e['answer_facts'])} | {'yes' if e['held_out'] else 'no'} |"
             )
     return "\n".join(lines) + "\n"

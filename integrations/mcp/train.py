@@ -417,6 +417,14 @@ async def _warm_up(
     }
 
 
+def _calls_shown(record: InputRecord) -> str:
+    """The calls that answer a scenario, as the report shows them (`a(x) -> b(y)`)."""
+    raw = record.metadata.get("steps")
+    if not isinstance(raw, str):
+        return f"{record.metadata.get('tool')} {record.metadata.get('arguments')}"
+    return " -> ".join(f"{s['tool']} {json.dumps(s['arguments'])}" for s in json.loads(raw))
+
+
 def _varied(group: TrajectoryGroup) -> bool:
     """Whether a group's attempts scored differently (else its advantages are all 0)."""
     return len({round(t.reward, 6) for t in group.trajectories}) > 1
@@ -666,6 +674,7 @@ async def train_on_server(
         "scenarios": {
             "train": len(train),
             "eval": len(held_out),
+            "two_call": sum(_calls_shown(r).count(" -> ") > 0 for r in [*train, *held_out]),
             "source": str(config.scenarios_file)
             if config.scenarios_file
             else "grounded" + (" + generator" if config.generator else ""),
@@ -676,6 +685,7 @@ async def train_on_server(
                     "arguments": r.metadata.get("arguments"),
                     "answer_facts": [f.display() for f in answer_facts(r)],
                     "held_out": r in held_out,
+                    "calls": _calls_shown(r),
                 }
                 for r in [*train[:4], *held_out[:4]]
             ],
