@@ -128,6 +128,15 @@ def keyed_strings_in(text: str) -> list[tuple[str, str]]:
     return list(unique)
 
 
+_GENERIC_WORDS = frozenset(["name", "id", "get", "list", "read", "value", "key", "by", "of"])
+
+
+def _stems(name: str) -> set[str]:
+    """The words of a tool's or property's name, without a plural s."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name).lower()
+    return {w.rstrip("s") for w in re.split(r"[^a-z0-9]+", spaced) if len(w) > 1}
+
+
 def _kind(schema: dict[str, Any]) -> str:
     kind = schema.get("type")
     if isinstance(kind, list):
@@ -302,10 +311,19 @@ class ArgumentSynthesizer:
         an id, short names for a name or query, anything short otherwise; first those it
         returned under the property's own name (`name` for `names`, `id` for `item_id`)."""
         stem = name.lower().rstrip("s").split("_")[-1]
-        recent = sorted(
-            reversed(self.seen),
-            key=lambda v: self.keys.get(v, "").lower().rstrip("s").split("_")[-1] != stem,
-        )
+        words = _stems(name) - _GENERIC_WORDS
+
+        def rank(value: str) -> tuple[bool, bool]:
+            # first values from a tool about the same thing (`list_tables` for a
+            # `table_name`), then values found under the property's own name
+            tool = self.origin.get(value, "").split(":", 1)[0]
+            same_topic = bool(words & _stems(tool))
+            return (
+                not same_topic,
+                self.keys.get(value, "").lower().rstrip("s").split("_")[-1] != stem,
+            )
+
+        recent = sorted(reversed(self.seen), key=rank)
         if re.search(r"\b(path|file|dir|directory|folder|root|repo)", text):
             return [v for v in recent if "/" in v or "." in v]
         if re.search(r"\b(id|ids|key|sku|uuid|identifier)\b|_id\b", text):

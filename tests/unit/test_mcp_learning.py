@@ -271,3 +271,14 @@ def test_trivial_replies_must_score_below_a_fifth():
     assert all(g.score >= 0.2 for g in rejected)
     kept, gamed = drop_gameable(records)
     assert kept == records and not gamed
+
+
+def test_values_come_first_from_a_tool_about_the_same_thing():
+    synth = ArgumentSynthesizer()
+    synth.observe('[{"name": "authors"}, {"name": "books"}]', {}, tool="list_tables", call="l")
+    rows = '[{"id": 1, "name": "Kenji Sato", "city": "Osaka"}]'
+    synth.observe(rows, {"query": "SELECT * FROM customers"}, tool="read_query", call="q")
+    schema = {"required": ["table_name"], "properties": {"table_name": {"type": "string"}}}
+    first, second = synth.candidates("describe_table", schema, 2)
+    assert {first["table_name"], second["table_name"]} == {"authors", "books"}
+    assert synth.provenance(first) == ("", "l")  # the listing supplied it
