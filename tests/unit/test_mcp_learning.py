@@ -11,6 +11,7 @@ from rlcoach.autorl.gameable import drop_gameable
 from rlcoach.autorl.grounded import (
     GroundedCall,
     answer_facts,
+    call_key,
     grounded_scenarios,
     split_by_call,
     worked_answer,
@@ -275,10 +276,12 @@ def test_trivial_replies_must_score_below_a_fifth():
 
 def test_values_come_first_from_a_tool_about_the_same_thing():
     synth = ArgumentSynthesizer()
-    synth.observe('[{"name": "authors"}, {"name": "books"}]', {}, tool="list_tables", call="l")
+    listing = call_key("list_tables", {})
+    synth.observe('[{"name": "authors"}, {"name": "books"}]', {}, tool="list_tables", call=listing)
     rows = '[{"id": 1, "name": "Kenji Sato", "city": "Osaka"}]'
-    synth.observe(rows, {"query": "SELECT * FROM customers"}, tool="read_query", call="q")
+    query = {"query": "SELECT * FROM customers"}
+    synth.observe(rows, query, tool="read_query", call=call_key("read_query", query))
     schema = {"required": ["table_name"], "properties": {"table_name": {"type": "string"}}}
     first, second = synth.candidates("describe_table", schema, 2)
     assert {first["table_name"], second["table_name"]} == {"authors", "books"}
-    assert synth.provenance(first) == ("", "l")  # the listing supplied it
+    assert synth.provenance(first) == ("", listing)  # the listing supplied it
