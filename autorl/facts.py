@@ -25,7 +25,7 @@ from typing import Any
 
 from rlcoach.autorl.dedupe import normalize_text
 
-__all__ = ["Fact", "fact_found", "facts_score", "key_facts", "listed_values", "parsed"]
+__all__ = ["Fact", "fact_found", "facts_score", "key_facts", "listed_items", "parsed"]
 
 _ISO = re.compile(
     r"\b(\d{4}-\d{2}-\d{2})(?:[T ](\d{2}:\d{2})(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?\b"
@@ -96,6 +96,7 @@ _COMMON = frozenset(
 )
 """Words that start sentences: capitalised, but no name."""
 _PRIORITY = {"time": 0, "number": 1, "date": 2, "text": 3}
+_MARKER = re.compile(r"^\s*(?:\[\w+\]|[-*•]|\d+[.)])\s+")
 _DAY_TIME = re.compile(r"(?<!\d)(\d{1,2}):(\d{2})(?!\d)")
 
 
@@ -214,13 +215,30 @@ def parsed(text: str) -> Any:
             return ast.literal_eval(text)
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             pass
+        values = _json_values(text)  # one JSON value per content block, joined
+        if values is not None:
+            return values
     return text
 
 
-def listed_values(result: str) -> list[str]:
-    """The items a listing names, in order: the strings of a list (an object's first
-    string value, its `name` first), else the lines of a text listing without their
-    markers (`[FILE] notes.md`, `- item`)."""
+def _json_values(text: str) -> list[Any] | None:
+    """Several JSON values one after another (`{...}\n{...}`), or None."""
+    decoder, values, at = json.JSONDecoder(), [], 0
+    while at < len(text):
+        try:
+            value, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            return None
+        values.append(value)
+        while at < len(text) and text[at].isspace():
+            at += 1
+    return values if len(values) > 1 else None
+
+
+def listed_items(result: str) -> list[list[str]]:
+    """The items a listing names, in order, each as its string values: a list's strings,
+    an object's string values (a row: its sku, its name, ...), else the lines of a text
+    listing without their markers (`[FILE] notes.md`, `- item`)."""
     data = parsed(result)
     if isinstance(data, dict):
         lists = [v for v in data.values() if isinstance(v, list)]
@@ -229,17 +247,12 @@ def listed_values(result: str) -> list[str]:
         out = []
         for item in data:
             if isinstance(item, dict):
-                strings = [v for v in item.values() if isinstance(v, str)]
-                item = item.get("name") if isinstance(item.get("name"), str) else None
-                item = item or (strings[0] if strings else None)
-            if isinstance(item, str):
-                out.append(item)
+                out.append([str(v) for v in item.values() if isinstance(v, str | int)])
+            elif isinstance(item, str | int):
+                out.append([str(item)])
         return out
-    lines = [
-        re.sub(r"^\s*(?:\[\w+\]|[-*•]|\d+[.)])\s+", "", line).strip()
-        for line in result.splitlines()
-    ]
-    return [line for line in lines if line and len(line) <= 80]
+    lines = [_MARKER.sub("", line).strip() for line in result.splitlines()]
+    return [[line] for line in lines if line and len(line) <= 80]
 
 
 def key_facts(result: str, *, known: str = "", limit: int = 3) -> list[Fact]:

@@ -180,18 +180,25 @@ _ORDINALS = ["first", "second", "third", "fourth", "fifth", "sixth", "seventh", 
 def _chained_requests(call: GroundedCall, first: GroundedCall) -> list[str]:
     """Two-step requests: `first`'s answer names the value `call` was made with, and the
     request says which one by its place in that answer, never by the value itself."""
-    from rlcoach.autorl.facts import listed_values
+    from rlcoach.autorl.facts import listed_items
 
-    listed = listed_values(first.result)
+    items = listed_items(first.result)
     leaves = _leaves(call.arguments)
-    # a listing may name the item as the call takes it, or by its last path part
-    chained = [v for v in leaves if v in listed or v.rsplit("/", 1)[-1] in listed]
-    given = _leaves(first.arguments)
-    if not chained or len(chained) < len(leaves) or any(v in given for v in chained):
+
+    def place_of(value: str) -> int | None:
+        # a listing may name the item as the call takes it, or by its last path part
+        for index, item in enumerate(items):
+            if value in item or value.rsplit("/", 1)[-1] in item:
+                return index
+        return None
+
+    places = [place_of(v) for v in leaves]
+    given = [v for v in _leaves(first.arguments) if v.strip()]
+    if not leaves or None in places or any(v in given for v in leaves):
         return []  # every value must come from the listing, and not be in its request
-    item = chained[0] if chained[0] in listed else chained[0].rsplit("/", 1)[-1]
-    place = listed.index(item)
-    ordinal = "last" if place == len(listed) - 1 and place >= 3 else None
+    place = places[0]
+    assert place is not None
+    ordinal = "last" if place == len(items) - 1 and place >= 3 else None
     if ordinal is None and place < len(_ORDINALS):
         ordinal = _ORDINALS[place]
     if ordinal is None:
@@ -249,28 +256,37 @@ def grounded_scenarios(
     chained: list[list[InputRecord]] = []
     for call in calls:
         first = calls[call.after] if call.after is not None and call.after < len(calls) else None
+        options: list[tuple[str, GroundedCall | None]] = []
         if call.question:
             options = [(t, first) for t in _question_requests(call)]
-        elif first is not None and (chain := _chained_requests(call, first)):
-            options = [(t, first) for t in chain]
         elif any(_is_query(call.arguments)):
             continue  # a bare SELECT that answers no question: a step, not a task
         else:
-            options = [(t, None) for t in _requests(call)]
-        variants = []
+            if first is not None:  # the two-call task, and the one-call task beside it
+                options = [(t, first) for t in _chained_requests(call, first)]
+            options += [(t, None) for t in _requests(call)]
+        variants: dict[bool, list[InputRecord]] = {True: [], False: []}
         for text, before in options:
             recoverable = all(leaf in text for leaf in _leaves(call.arguments))
             if before is None and not call.question and not recoverable:
                 continue  # the call could not be recovered from this wording
             candidates = key_facts(call.result, known=text, limit=fact_limit + 8)
-            share = {f: common.get((call.tool, f.kind, f.normal()), 0.0) for f in candidates}
-            # the facts that distinguish this answer from the tool's others, rarest first
-            facts = sorted((f for f in candidates if share[f] <= 0.5), key=share.__getitem__)
+            share = {
+                f: (
+                    common.get((call.tool, f.kind, f.normal()), 0.0),
+                    common.get(("*", f.kind, f.normal()), 0.0),
+                )
+                for f in candidates
+            }
+            # the facts that distinguish this answer from the tool's others (and then from
+            # every other call's), rarest first
+            facts = sorted((f for f in candidates if share[f][0] <= 0.5), key=share.__getitem__)
             facts = facts[:fact_limit]
             if not facts:
                 continue  # nothing in the answer that the request does not give away
-            variants.append(_record(call, text, facts, before, result_chars))
-        (chained if first is not None else per_call).append(variants)
+            variants[before is not None].append(_record(call, text, facts, before, result_chars))
+        chained.append(variants[True])
+        per_call.append(variants[False])
     multi = _round_robin(chained)
     single = _round_robin(per_call)
     multi, _ = deduplicate(multi, threshold=1.0)

@@ -278,6 +278,7 @@ async def explore(
                             continue
                         key = call_key(name, arguments)
                         useful = bool(key_facts(outcome.text, known=json.dumps(arguments)))
+                        question, after = synthesizer.provenance(arguments)  # before observe
                         synthesizer.observe(
                             outcome.text,
                             arguments,
@@ -286,7 +287,6 @@ async def explore(
                             index=len(grounded) if useful else None,
                         )
                         if useful:
-                            question, after = synthesizer.provenance(arguments)
                             # a bare listing (`SELECT * FROM t`) is a step towards the
                             # questions, not one of them: it does not count as worked
                             stepping = _is_listing(synthesizer, arguments)
