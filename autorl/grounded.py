@@ -294,8 +294,9 @@ def grounded_scenarios(
     kept, gamed = drop_gameable([*multi, *single])
     if rejected is not None:
         rejected += gamed
-    multi = [r for r in kept if r in multi]
-    single = [r for r in kept if r not in multi]
+    # (by source: the check may have taken facts out of a record, making it a new one)
+    multi = [r for r in kept if r.metadata["source"] == "grounded, two calls"]
+    single = [r for r in kept if r.metadata["source"] != "grounded, two calls"]
     # up to half multi-step, the rest single calls, then whichever remains
     take = multi[: n // 2] + single[: n - min(len(multi), n // 2)]
     take += [r for r in kept if r not in take][: n - len(take)]
