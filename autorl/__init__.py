@@ -7,14 +7,15 @@ duplicates (`deduplicate`) and the inputs the generator judges unsolvable
 deterministically into train and eval and save them as JSONL (`split_records`,
 `save_dataset`); write grounded scenarios from tool calls that worked, each with the
 key facts of the real result as its answer key (`grounded_scenarios`, `key_facts`,
-`split_by_call`); during training skip the inputs whose groups stopped teaching
-(`DifficultyFilter`).
+`split_by_call`), kept only when no trivial reply earns them (`drop_gameable`); during
+training skip the inputs whose groups stopped teaching (`DifficultyFilter`).
 """
 
 from rlcoach.autorl.check import check_solvable
 from rlcoach.autorl.curriculum import DifficultyFilter, FilterReport, group_input_id
 from rlcoach.autorl.dedupe import deduplicate, normalize_text
 from rlcoach.autorl.facts import Fact, facts_score, key_facts
+from rlcoach.autorl.gameable import drop_gameable
 from rlcoach.autorl.generate import (
     GenerationConfig,
     GenerationError,
@@ -38,6 +39,7 @@ __all__ = [
     "check_solvable",
     "deduplicate",
     "describe_tools",
+    "drop_gameable",
     "facts_score",
     "generate_inputs",
     "generate_scenarios",

@@ -16,6 +16,7 @@ case-, accent- and punctuation-insensitively as whole words.
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import re
@@ -24,7 +25,7 @@ from typing import Any
 
 from rlcoach.autorl.dedupe import normalize_text
 
-__all__ = ["Fact", "fact_found", "facts_score", "key_facts"]
+__all__ = ["Fact", "fact_found", "facts_score", "key_facts", "listed_items", "parsed"]
 
 _ISO = re.compile(
     r"\b(\d{4}-\d{2}-\d{2})(?:[T ](\d{2}:\d{2})(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?\b"
@@ -95,6 +96,7 @@ _COMMON = frozenset(
 )
 """Words that start sentences: capitalised, but no name."""
 _PRIORITY = {"time": 0, "number": 1, "date": 2, "text": 3}
+_MARKER = re.compile(r"^\s*(?:\[\w+\]|[-*•]|\d+[.)])\s+")
 _DAY_TIME = re.compile(r"(?<!\d)(\d{1,2}):(\d{2})(?!\d)")
 
 
@@ -174,19 +176,91 @@ def _json_facts(value: Any, key: str = "") -> list[Fact]:
     if isinstance(value, dict):
         return [f for k, v in value.items() for f in _json_facts(v, str(k))]
     if isinstance(value, list):
+        positional = _positional_keys(value)
+        if positional:  # a row's place in the list says nothing about the data
+            value = [{k: v for k, v in row.items() if k not in positional} for row in value]
         return [f for item in value for f in _json_facts(item, key)]
     return []
+
+
+def _positional_keys(rows: list[Any]) -> set[str]:
+    """Keys of a list of objects whose values count the rows (0, 1, 2, ... or 1, 2, 3,
+    ...): a column listing's `cid`, a row number."""
+    if len(rows) < 2 or not all(isinstance(r, dict) for r in rows):
+        return set()
+    keys = set.intersection(*(set(r) for r in rows))
+    out = set()
+    for key in keys:
+        values = [r[key] for r in rows]
+        integers = all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+        if (
+            integers
+            and values[0] in (0, 1)
+            and values == list(range(values[0], len(rows) + values[0]))
+        ):
+            out.add(key)
+    return out
+
+
+def parsed(text: str) -> Any:
+    """A result as data: JSON, or a Python literal (servers that answer `str(rows)`),
+    else the text itself."""
+    text = text.strip()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    if text[:1] in "[{":
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            pass
+        values = _json_values(text)  # one JSON value per content block, joined
+        if values is not None:
+            return values
+    return text
+
+
+def _json_values(text: str) -> list[Any] | None:
+    """Several JSON values one after another (`{...}\n{...}`), or None."""
+    decoder, values, at = json.JSONDecoder(), [], 0
+    while at < len(text):
+        try:
+            value, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            return None
+        values.append(value)
+        while at < len(text) and text[at].isspace():
+            at += 1
+    return values if len(values) > 1 else None
+
+
+def listed_items(result: str) -> list[list[str]]:
+    """The items a listing names, in order, each as its string values: a list's strings,
+    an object's string values (a row: its sku, its name, ...), else the lines of a text
+    listing without their markers (`[FILE] notes.md`, `- item`)."""
+    data = parsed(result)
+    if isinstance(data, dict):
+        lists = [v for v in data.values() if isinstance(v, list)]
+        data = lists[0] if len(lists) == 1 else data
+    if isinstance(data, list):
+        out = []
+        for item in data:
+            if isinstance(item, dict):
+                out.append([str(v) for v in item.values() if isinstance(v, str | int)])
+            elif isinstance(item, str | int):
+                out.append([str(item)])
+        return out
+    lines = [_MARKER.sub("", line).strip() for line in result.splitlines()]
+    return [[line] for line in lines if line and len(line) <= 80]
 
 
 def key_facts(result: str, *, known: str = "", limit: int = 3) -> list[Fact]:
     """Up to `limit` facts of a tool's result that `known` (the request) does not state."""
     text = result.strip()
-    try:
-        parsed = json.loads(text)
-    except json.JSONDecodeError:
-        parsed = text
-    if isinstance(parsed, dict | list):
-        candidates = _json_facts(parsed)  # an empty listing has no facts
+    data = parsed(text)
+    if isinstance(data, dict | list):
+        candidates = _json_facts(data)  # an empty listing has no facts
     else:
         candidates = _text_facts(text) or (_string_facts(text) if text else [])
     facts: list[Fact] = []

@@ -33,10 +33,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rlcoach.autorl.dedupe import deduplicate, normalize_text
 from rlcoach.autorl.facts import Fact, key_facts
+from rlcoach.autorl.gameable import Gamed, common_facts, drop_gameable
 from rlcoach.autorl.split import split_records
 from rlcoach.autorl.types import InputRecord
 from rlcoach.model import Model
 from rlcoach.models.usage import ModelUsage
+
+_SELECT = re.compile(r"\s*(?:select|with)\s", re.IGNORECASE)
 
 __all__ = [
     "GroundedCall",
@@ -63,6 +66,12 @@ class GroundedCall(BaseModel):
     arguments: dict[str, Any] = Field(default_factory=dict)
     result: str
     """The server's answer, as text."""
+    question: str = ""
+    """A question about the data that this call answers, when exploring wrote the call for
+    one (a SELECT on real values); the request is then that question, not a template."""
+    after: int | None = None
+    """The index, among the same exploration's calls, of the call whose answer supplied
+    this call's values (a listing's name, a row's id): a chain of two calls."""
 
 
 def call_key(tool: str, arguments: dict[str, Any]) -> str:
@@ -130,6 +139,17 @@ def _requests(call: GroundedCall) -> list[str]:
     ]
 
 
+def _kept_values(record: InputRecord) -> list[str]:
+    """The values a rewording must keep: the call's argument values the request states,
+    and for a query (SQL) the quoted literals of it that the request states."""
+    leaves = _leaves(json.loads(str(record.metadata.get("arguments") or "{}")))
+    kept = [leaf for leaf in leaves if leaf in record.text]
+    for leaf in leaves:
+        if leaf not in record.text:
+            kept += [v for v in re.findall(r"'((?:[^']|'')*)'", leaf) if v and v in record.text]
+    return list(dict.fromkeys(kept))
+
+
 def answer_facts(record: InputRecord) -> list[Fact]:
     """The key facts a record's metadata carries (empty for a record without a key)."""
     raw = record.metadata.get("facts")
@@ -142,44 +162,159 @@ def worked_answer(facts: Sequence[Fact]) -> str:
     return f"The answer: {'; '.join(shown)}." if shown else "Done."
 
 
+def _question_requests(call: GroundedCall) -> list[str]:
+    """Wordings of a question about the data (the question keeps its values)."""
+    question = call.question.strip()
+    lowered = question[0].lower() + question[1:]
+    return [
+        question,
+        f"Quick question about the data: {question}",
+        f"Can you check the database? {question}",
+        f"Using the database, tell me: {lowered}",
+    ]
+
+
+_ORDINALS = ["first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth"]
+
+
+def _chained_requests(call: GroundedCall, first: GroundedCall) -> list[str]:
+    """Two-step requests: `first`'s answer names the value `call` was made with, and the
+    request says which one by its place in that answer, never by the value itself."""
+    from rlcoach.autorl.facts import listed_items
+
+    items = listed_items(first.result)
+    leaves = _leaves(call.arguments)
+
+    def place_of(value: str) -> int | None:
+        # a listing may name the item as the call takes it, or by its last path part
+        for index, item in enumerate(items):
+            if value in item or value.rsplit("/", 1)[-1] in item:
+                return index
+        return None
+
+    places = [place_of(v) for v in leaves]
+    given = [v for v in _leaves(first.arguments) if v.strip()]
+    if not leaves or None in places or any(v in given for v in leaves):
+        return []  # every value must come from the listing, and not be in its request
+    place = places[0]
+    assert place is not None
+    ordinal = "last" if place == len(items) - 1 and place >= 3 else None
+    if ordinal is None and place < len(_ORDINALS):
+        ordinal = _ORDINALS[place]
+    if ordinal is None:
+        return []
+    step_one, step_two = _purpose(first), _purpose(call)
+    if given:  # the first call's own values are stated, so it can be made
+        step_one += f" ({', '.join(given)})"
+    return [
+        f"{step_one[0].upper()}{step_one[1:]}, then {step_two} for the {ordinal} one listed.",
+        f"First {step_one}. Then, for the {ordinal} item of that list, {step_two}.",
+        f"Take the {ordinal} result when you {step_one}, and {step_two} for it.",
+    ]
+
+
+def _record(
+    call: GroundedCall, text: str, facts: list[Fact], first: GroundedCall | None, chars: int
+) -> InputRecord:
+    steps = [first, call] if first is not None else [call]
+    return InputRecord(
+        text=text,
+        difficulty="medium" if first is not None else "easy",
+        metadata={
+            "source": "grounded, two calls" if first is not None else "grounded",
+            "tool": call.tool,
+            "arguments": json.dumps(call.arguments, ensure_ascii=False),
+            "call": call_key(call.tool, call.arguments),
+            "facts": json.dumps([[f.kind, f.value, f.shown] for f in facts]),
+            "answer_key": call.result[:chars],
+            "steps": json.dumps(
+                [
+                    {"tool": c.tool, "arguments": c.arguments, "result": c.result[:chars]}
+                    for c in steps
+                ],
+                ensure_ascii=False,
+            ),
+        },
+    )
+
+
 def grounded_scenarios(
-    calls: Sequence[GroundedCall], n: int, *, fact_limit: int = 2, result_chars: int = 1500
+    calls: Sequence[GroundedCall],
+    n: int,
+    *,
+    fact_limit: int = 2,
+    result_chars: int = 1500,
+    rejected: list[Gamed] | None = None,
 ) -> list[InputRecord]:
     """Up to `n` solvable, distinct requests from `calls` (see the module docstring),
-    spread over the calls: variant 1 of every call, then variant 2, and so on."""
+    spread over the calls: variant 1 of every call, then variant 2, and so on; the
+    multi-step ones (a call whose values came from an earlier call's answer) first.
+    Requests a trivial reply scores 0.2 or more on are dropped (`gameable.py`) and, with
+    `rejected`, appended to it with the reply that beat them."""
+    common = common_facts(calls)
     per_call: list[list[InputRecord]] = []
+    chained: list[list[InputRecord]] = []
     for call in calls:
-        key = call_key(call.tool, call.arguments)
-        variants = []
-        for text in _requests(call):
-            if not all(leaf in text for leaf in _leaves(call.arguments)):
+        first = calls[call.after] if call.after is not None and call.after < len(calls) else None
+        options: list[tuple[str, GroundedCall | None]] = []
+        if call.question:
+            options = [(t, first) for t in _question_requests(call)]
+        elif any(_is_query(call.arguments)):
+            continue  # a bare SELECT that answers no question: a step, not a task
+        else:
+            if first is not None:  # the two-call task, and the one-call task beside it
+                options = [(t, first) for t in _chained_requests(call, first)]
+            options += [(t, None) for t in _requests(call)]
+        variants: dict[bool, list[InputRecord]] = {True: [], False: []}
+        for text, before in options:
+            recoverable = all(leaf in text for leaf in _leaves(call.arguments))
+            if before is None and not call.question and not recoverable:
                 continue  # the call could not be recovered from this wording
-            facts = key_facts(call.result, known=text, limit=fact_limit)
+            candidates = key_facts(call.result, known=text, limit=fact_limit + 8)
+            share = {
+                f: (
+                    common.get((call.tool, f.kind, f.normal()), 0.0),
+                    common.get(("*", f.kind, f.normal()), 0.0),
+                )
+                for f in candidates
+            }
+            # the facts that distinguish this answer from the tool's others (and then from
+            # every other call's), rarest first
+            facts = sorted((f for f in candidates if share[f][0] <= 0.5), key=share.__getitem__)
+            facts = facts[:fact_limit]
             if not facts:
                 continue  # nothing in the answer that the request does not give away
-            variants.append(
-                InputRecord(
-                    text=text,
-                    difficulty="easy",
-                    metadata={
-                        "source": "grounded",
-                        "tool": call.tool,
-                        "arguments": json.dumps(call.arguments, ensure_ascii=False),
-                        "call": key,
-                        "facts": json.dumps([[f.kind, f.value, f.shown] for f in facts]),
-                        "answer_key": call.result[:result_chars],
-                    },
-                )
-            )
-        per_call.append(variants)
-    ordered = [
+            variants[before is not None].append(_record(call, text, facts, before, result_chars))
+        chained.append(variants[True])
+        per_call.append(variants[False])
+    multi = _round_robin(chained)
+    single = _round_robin(per_call)
+    multi, _ = deduplicate(multi, threshold=1.0)
+    single, _ = deduplicate(single, threshold=1.0, against=multi)
+    kept, gamed = drop_gameable([*multi, *single])
+    if rejected is not None:
+        rejected += gamed
+    # (by source: the check may have taken facts out of a record, making it a new one)
+    multi = [r for r in kept if r.metadata["source"] == "grounded, two calls"]
+    single = [r for r in kept if r.metadata["source"] != "grounded, two calls"]
+    # up to half multi-step, the rest single calls, then whichever remains
+    take = multi[: n // 2] + single[: n - min(len(multi), n // 2)]
+    take += [r for r in kept if r not in take][: n - len(take)]
+    return take
+
+
+def _round_robin(groups: list[list[InputRecord]]) -> list[InputRecord]:
+    """Variant 1 of every group, then variant 2, and so on."""
+    return [
         variants[i]
-        for i in range(max((len(v) for v in per_call), default=0))
-        for variants in per_call
+        for i in range(max((len(v) for v in groups), default=0))
+        for variants in groups
         if i < len(variants)
     ]
-    kept, _ = deduplicate(ordered, threshold=1.0)
-    return kept[:n]
+
+
+def _is_query(arguments: dict[str, Any]) -> list[bool]:
+    return [isinstance(v, str) and bool(_SELECT.match(v)) for v in arguments.values()]
 
 
 def split_by_call(
@@ -218,7 +353,7 @@ async def rephrase(
     gate = asyncio.Semaphore(concurrency)
 
     async def one(record: InputRecord) -> InputRecord | None:
-        leaves = _leaves(json.loads(str(record.metadata.get("arguments") or "{}")))
+        leaves = _kept_values(record)
         keep = "; ".join(leaves) or "(none)"
         ask = (
             f"Reword this request to an assistant as a user would say it, in one sentence. "

@@ -9,8 +9,8 @@
 Training tool use: `run_agent(model, client, spec, scenario, tools)` is one recorded
 rollout (the agent loop); `train_on_server(MCPTrainConfig(server=spec))` is the whole
 job behind `rlcoach mcp train` (discover, judge each tool's safety, explore the safe ones
-with synthesized arguments, grounded scenarios and reward, evaluate, warm up, train,
-report).
+with synthesized and chained arguments, grounded scenarios and reward, evaluate, warm
+up, train keeping the best checkpoint by held-out success, report).
 
 A small server of our own for examples and tests: `python -m rlcoach.integrations.mcp.inventory`.
 """
@@ -25,6 +25,7 @@ from rlcoach.integrations.mcp.agent import (
     run_agent,
     tool_use_check,
 )
+from rlcoach.integrations.mcp.chaining import DataModel
 from rlcoach.integrations.mcp.connection import (
     Connection,
     MCPServerError,
@@ -35,6 +36,7 @@ from rlcoach.integrations.mcp.connection import (
 from rlcoach.integrations.mcp.explore import Exploration, explore
 from rlcoach.integrations.mcp.reward import grounded_check, ruler_rewards
 from rlcoach.integrations.mcp.safety import ToolSafety, judge_tool
+from rlcoach.integrations.mcp.selection import HeldOutCurve
 from rlcoach.integrations.mcp.synthesis import ArgumentSynthesizer
 from rlcoach.integrations.mcp.tools import CallCheck, SchemaError, ToolSet, convert_tools
 from rlcoach.integrations.mcp.train import MCPTrainConfig, discover, train_on_server
@@ -45,8 +47,10 @@ __all__ = [
     "ArgumentSynthesizer",
     "CallCheck",
     "Connection",
+    "DataModel",
     "Example",
     "Exploration",
+    "HeldOutCurve",
     "MCPServerError",
     "MCPTrainConfig",
     "RolloutTimeoutError",

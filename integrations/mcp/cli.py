@@ -242,6 +242,24 @@ def train(
     judge_key_env: str | None = None,
     judge_weight: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.5,
     learning_rate: Annotated[float, typer.Option(min=0.0)] = 1e-3,
+    eval_every: Annotated[
+        int, typer.Option(min=0, help="Evaluate held out every N RL steps (0: after the last).")
+    ] = 2,
+    patience: Annotated[
+        int,
+        typer.Option(min=1, help="Stop RL after N evaluations below the best (ties not counted)."),
+    ] = 2,
+    refill_rounds: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Rounds per step that replace scenarios whose attempts all scored the same "
+            "(DAPO's dynamic sampling; 0: off).",
+        ),
+    ] = 1,
+    keep_best: Annotated[
+        bool, typer.Option(help="Serve the best checkpoint by held-out success at the end.")
+    ] = True,
     name: Annotated[str | None, typer.Option(help="Model name (an existing one resumes).")] = None,
     engine: Annotated[str, typer.Option(help="vllm or transformers.")] = "vllm",
     root: Annotated[Path, typer.Option(help="Where runs are written.")] = Path(".rlcoach"),
@@ -294,6 +312,10 @@ def train(
             else None,
             judge_weight=judge_weight,
             learning_rate=learning_rate,
+            eval_every=eval_every,
+            patience=patience,
+            keep_best=keep_best,
+            refill_rounds=refill_rounds,
             engine=engine,
             root=root,
             seed=seed,
@@ -302,8 +324,10 @@ def train(
     except (RLCoachError, ValidationError) as e:
         raise _fail(e) from e
     before, after = report["eval_before"], report["eval_after"]
+    sft = (report.get("warmup") or {}).get("eval")
     typer.echo(
         f"result: success_before={before['success']:.3f} "
-        f"success_after={after['success']:.3f} lora={report['lora']} "
+        + (f"success_sft={sft['success']:.3f} " if sft else "")
+        + f"success_after={after['success']:.3f} served={report['served']} lora={report['lora']} "
         f"report={report['run_dir']}/report.md"
     )

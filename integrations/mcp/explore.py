@@ -12,6 +12,13 @@ from error messages (`refuse`) — until each tool has `calls_per_tool` calls wh
 has key facts, or `attempts_per_tool` calls were spent, or `budget_s` ran out. Only
 tools the safety rule allows are called (`safety.py`).
 
+Calls chain: the values one answer gave (a listing's names, a table's columns, rows)
+are the next calls' arguments, and a SQL tool gets SELECTs written from them
+(`chaining.py`). Each grounded call keeps the question its query answers (`question`)
+and the earlier call whose answer supplied its values (`after`): the material of
+multi-step scenarios. A bare listing (`SELECT * FROM t LIMIT 5`) does not count towards
+`calls_per_tool`: it is a step towards the questions.
+
 A call that times out stops that tool; a call that kills the server is recorded with the
 server's stderr, the server is started again and the tool is not called again. When
 nothing worked, `explore` raises the error that says why: every tool unsafe (name the
@@ -34,8 +41,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlcoach.autorl.facts import key_facts
-from rlcoach.autorl.grounded import GroundedCall
+from rlcoach.autorl.grounded import GroundedCall, call_key
 from rlcoach.errors import ConfigError
+from rlcoach.integrations.mcp.chaining import is_sql_property
 from rlcoach.integrations.mcp.connection import MCPServerError, ServerSpec, connect
 from rlcoach.integrations.mcp.safety import ToolSafety
 from rlcoach.integrations.mcp.synthesis import ArgumentSynthesizer
@@ -221,6 +229,7 @@ async def explore(
     if not allowed:
         raise ConfigError(unsafe_only_message(spec, safety, sandbox))
     grounded: list[GroundedCall] = []
+    index_of: dict[str, int] = {}  # call key -> its place in `grounded`
     tried: set[str] = set()
     done: set[str] = set()
     session = _Session(run_spec)
@@ -231,14 +240,20 @@ async def explore(
                 progressed = False
                 for name in _order(tools, allowed):
                     report = reports[name]
-                    if name in done or report.worked >= calls_per_tool:
+                    # a tool that takes SQL answers any question about the data: it
+                    # gets twice the calls (the questions are the tasks users write)
+                    times = 2 if _takes_sql(tools, function, name) else 1
+                    if name in done or report.worked >= calls_per_tool * times:
                         continue
-                    if report.calls >= attempts_per_tool:
+                    if report.calls >= attempts_per_tool * times:
                         continue
                     batch = [
                         a
                         for a in synthesizer.candidates(
-                            name, tools.schemas[name], calls_per_tool * 2
+                            name,
+                            tools.schemas[name],
+                            calls_per_tool * 2,
+                            description=function[name].get("description", ""),
                         )
                         if f"{name}:{json.dumps(a, sort_keys=True, default=str)}" not in tried
                         and tools.check_call(name, a).error is None
@@ -261,9 +276,24 @@ async def explore(
                             if lesson and len(report.lessons) < 5:
                                 report.lessons.append(lesson)
                             continue
-                        synthesizer.observe(outcome.text, arguments)
-                        if key_facts(outcome.text, known=json.dumps(arguments)):
-                            report.worked += 1
+                        key = call_key(name, arguments)
+                        useful = bool(key_facts(outcome.text, known=json.dumps(arguments)))
+                        question, after = synthesizer.provenance(arguments)  # before observe
+                        synthesizer.observe(
+                            outcome.text,
+                            arguments,
+                            tool=name,
+                            call=key,
+                            index=len(grounded) if useful else None,
+                        )
+                        if useful:
+                            # a bare listing (`SELECT * FROM t`) is a step towards the
+                            # questions, not one of them: it does not count as worked
+                            stepping = _is_listing(synthesizer, arguments)
+                            report.worked += not stepping
+                            if after in index_of:
+                                logger.info("chained: %s feeds %s", after, key)
+                            index_of[key] = len(grounded)
                             grounded.append(
                                 GroundedCall(
                                     tool=name,
@@ -271,13 +301,15 @@ async def explore(
                                     parameters=tools.schemas[name],
                                     arguments=arguments,
                                     result=outcome.text,
+                                    question=question,
+                                    after=index_of.get(after) if after else None,
                                 )
                             )
                         elif len(report.errors) < 5:
                             report.errors.append(
                                 f"{_short(arguments)} -> no facts in: {outcome.text[:120]}"
                             )
-                        if report.worked >= calls_per_tool:
+                        if report.worked >= calls_per_tool * times:
                             break
                 if not progressed:
                     break
@@ -294,6 +326,20 @@ async def explore(
     if not grounded:
         raise _nothing_worked(spec, exploration.tools)
     return exploration
+
+
+def _takes_sql(tools: ToolSet, function: dict[str, Any], name: str) -> bool:
+    properties = tools.schemas[name].get("properties", {})
+    description = function[name].get("description", "")
+    return any(is_sql_property(p, s, description) for p, s in properties.items())
+
+
+def _is_listing(synthesizer: ArgumentSynthesizer, arguments: dict[str, Any]) -> bool:
+    """Whether the call ran a SELECT written without a question (a listing, a first step)."""
+    return any(
+        isinstance(v, str) and v in synthesizer.queries and not synthesizer.queries[v].question
+        for v in arguments.values()
+    )
 
 
 async def _try(

@@ -36,7 +36,8 @@ def report_markdown(report: dict[str, Any]) -> str:
         f"- server: `{report['server']}` ({report['server_name']}), tools: "
         f"{', '.join(report['tools'])}",
         f"- scenarios: {report['scenarios']['train']} train, {report['scenarios']['eval']} "
-        f"held out ({report['scenarios']['source']})",
+        f"held out ({report['scenarios']['source']}); "
+        f"{report['scenarios'].get('two_call', 0)} need two calls",
         f"- reward: {report['reward']}",
         f"- LoRA: `{report['lora']}`",
         f"- minutes: {report['minutes']:.1f}",
@@ -56,15 +57,41 @@ def report_markdown(report: dict[str, Any]) -> str:
         f"| after | {after['success']:.3f} | {after['reward']:.3f} | "
         f"{after['tool_error_rate']:.3f} | {after['failed']:.0f} |",
         "",
-        "| step | reward | success | tool-call error rate | failed | trained | served |",
-        "|---|---|---|---|---|---|---|",
+        "| step | reward | success | tool-call error rate | failed | groups varied / sampled "
+        "| trained | served |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for s in report["steps"]:
         lines.append(
             f"| {s['step']} | {s['reward']:.3f} | {s['success']:.3f} | "
-            f"{s['tool_error_rate']:.3f} | {s['failed']:.0f} | {s['trained']} | "
+            f"{s['tool_error_rate']:.3f} | {s['failed']:.0f} | "
+            f"{s.get('groups_varied', '-')} / {s.get('groups_sampled', '-')} | {s['trained']} | "
             f"{s['served']} |"
         )
+    curve = report.get("held_out_curve") or []
+    if curve:
+        best = report.get("best") or {}
+        restored = report.get("restored_from_step")
+        lines += [
+            "",
+            "## Held-out curve (base -> SFT -> RL)",
+            "",
+            "| model step | after | success | reward | best |",
+            "|---|---|---|---|---|",
+            *(
+                f"| {p['step']} | {p['label']} | {p['success']:.3f} | {p['reward']:.3f} | "
+                f"{'yes' if p == best else ''} |"
+                for p in curve
+            ),
+            "",
+            f"Served at the end: {report['served']}"
+            + (
+                f" (model step {restored} restored: the best by held-out success)"
+                if restored
+                else ""
+            )
+            + ("; RL stopped early: held-out success fell" if report.get("stopped_early") else ""),
+        ]
     explored = report.get("exploration")
     if explored:
         lines += [
@@ -82,10 +109,10 @@ def report_markdown(report: dict[str, Any]) -> str:
     examples = report["scenarios"].get("examples") or []
     if examples:
         lines += ["", "## Scenarios (a sample; all in scenarios/)", ""]
-        lines += ["| request | call | answer key (facts) | held out |", "|---|---|---|---|"]
+        lines += ["| request | calls | answer key (facts) | held out |", "|---|---|---|---|"]
         for e in examples:
             lines.append(
-                f"| {e['text']} | {e['tool']} {e['arguments']} | "
+                f"| {e['text']} | {e.get('calls') or e['tool'] + ' ' + str(e['arguments'])} | "
                 f"{'; '.join(e['answer_facts'])} | {'yes' if e['held_out'] else 'no'} |"
             )
     return "\n".join(lines) + "\n"

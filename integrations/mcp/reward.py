@@ -4,9 +4,10 @@
 no judge: 0.2 for calling the tool the recorded call used, 0.2 more when such a call
 worked (its arguments passed the schema and the server), and 0.6 times the fraction of
 the answer key's facts (numbers, names, times, normalised; `autorl.facts`) that the
-final answer states. When the policy made the recorded call itself (same arguments),
-the facts come from the answer it got, so a result that changes with time (a clock)
-is checked against what the server said in this rollout. Success is a score of 1. A
+final answer states. When the policy made the recorded call itself (same arguments) and
+its answer no longer states the key's facts, the facts come from the answer it got, so a
+result that changes with time (a clock) is checked against what the server said in
+this rollout. Success is a score of 1. A
 scenario without an answer key (written by a generator) falls back to `tool_use_check`.
 
 RULER: the judge compares a group's attempts, with the
@@ -28,7 +29,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from rlcoach.autorl.dedupe import normalize_text
-from rlcoach.autorl.facts import Fact, facts_score, key_facts
+from rlcoach.autorl.facts import Fact, fact_found, facts_score, key_facts
 from rlcoach.errors import ConfigError
 from rlcoach.integrations.mcp.agent import AgentRun, tool_use_check
 from rlcoach.integrations.mcp.tools import ToolSet
@@ -79,12 +80,17 @@ def grounded_check(run: AgentRun) -> float:
     expected = _arguments(str(metadata.get("arguments") or "{}"))
     calls = [c for c in run.calls if c.name == metadata["tool"]]
     worked = [c for c in calls if c.outcome == "ok"]
+    steps = json.loads(str(metadata.get("steps") or "[]"))
+    tools = list(dict.fromkeys(str(s["tool"]) for s in steps)) or [str(metadata["tool"])]
+    called = sum(any(c.name == tool for c in run.calls) for tool in tools) / len(tools)
     for call in worked:
         if _arguments(call.arguments) == expected:
-            live = key_facts(call.result, known=run.scenario, limit=max(len(facts), 1))
-            facts = live or facts
+            # the same call: when its answer changed (a clock), the facts are its own
+            if not all(fact_found(f, call.result) for f in facts):
+                live = key_facts(call.result, known=run.scenario, limit=max(len(facts), 1))
+                facts = live or facts
             break
-    score = 0.2 * bool(calls) + 0.2 * bool(worked) + 0.6 * facts_score(facts, run.final_answer)
+    score = 0.2 * called + 0.2 * bool(worked) + 0.6 * facts_score(facts, run.final_answer)
     return round(score, 6)
 
 

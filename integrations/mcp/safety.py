@@ -10,10 +10,18 @@ not be among them unless the user says so. The rule, per tool:
    `destructiveHint` without `readOnlyHint`, which defaults to false) changes its
    environment: unsafe, whether destructive or only additive — an additive write to a
    user's real notes, calendar or memory graph is still a write.
-2. **Otherwise the name and description decide.** A tool whose name or description has a
-   word that writes, deletes, sends, buys or runs things (`create`, `update`, `delete`,
-   `send`, `buy`, `execute`, ...; see `WRITE_WORDS`) is unsafe; the word is named.
-3. Everything else is safe: reading, searching, computing, converting.
+2. **Otherwise the name and description are read as a whole.** A tool whose name or
+   description has a word that writes, deletes, sends or buys (`create`, `update`,
+   `delete`, `send`, `buy`, ...; see `WRITE_WORDS`) is unsafe; the word is named. A
+   description that says the tool is read-only ("read-only", "does not modify") overrides
+   the description's words, never the name's.
+3. **Running something is judged by what it runs** (`RUN_WORDS`: `execute`, `run`,
+   `exec`, ...). "Execute a SELECT query", "runs a read-only search" are reads: the text
+   names what is run, and it only reads (`SELECT`, a search, a lookup, a listing). A tool
+   that runs something the text does not show to be a read (`run_command`, "Execute
+   JavaScript") is unsafe.
+4. Everything else is safe: reading, searching, computing, converting; the rule names
+   the words that read (`get`, `list`, `search`, `SELECT`, ...) when there are any.
 
 Unsafe tools are neither called while exploring nor offered to the policy, unless the
 user allows them (`allow_unsafe`, `--allow-unsafe-tools`); the server then runs, as
@@ -26,7 +34,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DESCRIPTION_WORDS", "WRITE_WORDS", "ToolSafety", "judge_tool"]
+__all__ = [
+    "DESCRIPTION_WORDS",
+    "READ_WORDS",
+    "RUN_WORDS",
+    "WRITE_WORDS",
+    "ToolSafety",
+    "judge_tool",
+]
 
 WRITE_WORDS = frozenset(
     [
@@ -51,8 +66,6 @@ WRITE_WORDS = frozenset(
         "edit",
         "email",
         "erase",
-        "exec",
-        "execute",
         "forget",
         "install",
         "insert",
@@ -78,11 +91,9 @@ WRITE_WORDS = frozenset(
         "restart",
         "revert",
         "rm",
-        "run",
         "save",
         "send",
         "set",
-        "shell",
         "shutdown",
         "spend",
         "stop",
@@ -117,10 +128,44 @@ DESCRIPTION_WORDS = WRITE_WORDS - {
         "post",
         "put",
     ],
-    *["replace", "run", "save", "set", "spend", "stop", "store"],
+    *["replace", "save", "set", "spend", "stop", "store"],
 }
 """The same, for descriptions, less the words that are as often nouns there ("in
 ascending order", "the store's catalog", "a user's email")."""
+RUN_WORDS = frozenset(["exec", "execute", "executes", "run", "runs", "invoke", "perform", "shell"])
+"""Words that run something: what they run decides (rule 3)."""
+READ_WORDS = frozenset(
+    [
+        "browse",
+        "count",
+        "describe",
+        "fetch",
+        "find",
+        "get",
+        "inspect",
+        "list",
+        "lookup",
+        "query",
+        "read",
+        "retrieve",
+        "search",
+        "select",
+        "show",
+        "view",
+    ]
+)
+"""Words that read: named in the rule, and what makes a run a read (rule 3)."""
+_READ_ONLY = re.compile(
+    r"read[- ]?only|does(?: not|n't) (?:modify|change|write|alter)|without (?:modifying|"
+    r"changing|side effects)|no side effects|cannot modify",
+    re.IGNORECASE,
+)
+_RUNS_A_READ = re.compile(
+    r"\b(?:exec(?:ute)?s?|run?s?|invokes?|performs?)\b[^.;\n]{0,40}?\b(?:select|search|"
+    r"lookup|look-up|read[- ]?only|read|query that reads|get|list)",
+    re.IGNORECASE,
+)
+"""A run whose object is a read: "Execute a SELECT query", "runs a read-only query"."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,12 +218,34 @@ def judge_tool(
         else:
             safe, rule = False, "annotated as a destructive write (destructiveHint=true)"
     else:
-        in_name = [w for w in _words(name) if w in WRITE_WORDS]
-        in_text = [w for w in _words(description, stems=True) if w in DESCRIPTION_WORDS]
-        if in_name:
-            safe, rule = False, f"unannotated; its name says {in_name[0]!r}"
-        elif in_text:
-            safe, rule = False, f"unannotated; its description says {in_text[0]!r}"
-        else:
-            safe, rule = True, "unannotated; nothing in its name or description writes"
+        safe, rule = _read_whole(name, description)
     return ToolSafety(name, safe, rule, safe or allow_unsafe)
+
+
+def _read_whole(name: str, description: str) -> tuple[bool, str]:
+    """Rules 2-4 for a tool without annotations: (safe, the rule that decided)."""
+    name_words = _words(name)
+    text_words = _words(description, stems=True)
+    in_name = [w for w in name_words if w in WRITE_WORDS]
+    read_only = _READ_ONLY.search(description)
+    in_text = [] if read_only else [w for w in text_words if w in DESCRIPTION_WORDS]
+    if in_name:
+        return False, f"unannotated; its name says {in_name[0]!r}"
+    if in_text:
+        return False, f"unannotated; its description says {in_text[0]!r}"
+    runs = [w for w in [*name_words, *_words(description)] if w in RUN_WORDS]
+    reads = list(dict.fromkeys(w for w in [*name_words, *text_words] if w in READ_WORDS))
+    if runs:
+        if read_only or _RUNS_A_READ.search(description):
+            what = (
+                f"says it is read-only ({read_only.group(0)!r})"
+                if read_only
+                else (f"runs only reads ({', '.join(map(repr, reads[:3]))})")
+            )
+            return True, f"unannotated; it {what}, so {runs[0]!r} runs a read"
+        return False, f"unannotated; it says {runs[0]!r} and not that what it runs only reads"
+    if read_only:
+        return True, f"unannotated; its description says {read_only.group(0)!r}"
+    if reads:
+        return True, f"unannotated; it reads ({', '.join(map(repr, reads[:3]))}) and writes nothing"
+    return True, "unannotated; nothing in its name or description writes"

@@ -20,8 +20,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rlcoach.autorl.gameable import GAMEABLE_AT, Gamed
 from rlcoach.autorl.grounded import answer_facts, grounded_scenarios, rephrase, worked_answer
 from rlcoach.autorl.types import InputRecord
+from rlcoach.errors import ConfigError
 from rlcoach.integrations.mcp.agent import truncate
 from rlcoach.integrations.mcp.connection import ServerSpec
 from rlcoach.integrations.mcp.explore import Exploration, explore
@@ -31,7 +33,7 @@ from rlcoach.model import Model
 from rlcoach.models.usage import ModelUsage
 from rlcoach.trajectory.trajectories import ChatRecord, Message
 
-__all__ = ["blend_generated", "server_scenarios", "worked_examples"]
+__all__ = ["blend_generated", "nothing_to_train_message", "server_scenarios", "worked_examples"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +63,44 @@ async def server_scenarios(
         budget_s=budget_s,
         seed=seed,
     )
-    records = grounded_scenarios(explored.calls, n, result_chars=result_chars)
+    gamed: list[Gamed] = []
+    records = grounded_scenarios(explored.calls, n, result_chars=result_chars, rejected=gamed)
+    if not records:
+        raise ConfigError(nothing_to_train_message(spec, explored, gamed))
     return explored, records
+
+
+def nothing_to_train_message(spec: ServerSpec, explored: Exploration, gamed: list[Gamed]) -> str:
+    """Why exploring left no task to train on: per tool what it answered, and which
+    trivial reply scored on the tasks, with the flags that would help."""
+    tools = []
+    for report in explored.tools:
+        if not report.called:
+            tools.append(f"{report.name}: not called ({report.rule})")
+        else:
+            tools.append(f"{report.name}: {report.calls} calls, {report.worked} with facts")
+    if gamed:
+        shown = "; ".join(
+            f"{g.record.text[:80]!r} scored {g.score:.1f} on the reply {g.reply[:60]!r}"
+            for g in gamed[:3]
+        )
+        missing = (
+            f"every one of the {len(gamed)} tasks written from its answers fails the "
+            f"trivial-reply check (a reply without the tool scores {GAMEABLE_AT} or more: "
+            f"{shown}): their answers hold only values any reply states"
+        )
+    else:
+        missing = (
+            f"its {len(explored.calls)} answers with facts gave no task whose answer the "
+            "request does not give away"
+        )
+    return (
+        f"MCP server {spec.label!r}: {missing} ({'; '.join(tools)}). The run does not "
+        "train on such tasks; give your own with --scenarios-file (AutoRL JSONL, e.g. "
+        "from `rlcoach autorl generate --mcp`), a generator that writes them "
+        "(--generator-url/--generator-model), or --allow-unsafe-tools if the tools not "
+        "called answer what users ask"
+    )
 
 
 async def blend_generated(
@@ -99,6 +137,21 @@ async def blend_generated(
     return [*records, *reworded, *generated]
 
 
+def _steps(record: InputRecord) -> list[dict[str, Any]]:
+    """The calls that answer a grounded record, in order: its `steps` (two for a chained
+    task), or its one recorded call."""
+    raw = record.metadata.get("steps")
+    if isinstance(raw, str):
+        return list(json.loads(raw))
+    return [
+        {
+            "tool": str(record.metadata["tool"]),
+            "arguments": json.loads(str(record.metadata.get("arguments") or "{}")),
+            "result": str(record.metadata.get("answer_key", "")),
+        }
+    ]
+
+
 def worked_examples(
     records: Sequence[InputRecord],
     tools: ToolSet,
@@ -108,37 +161,35 @@ def worked_examples(
     limit: int = 32,
 ) -> list[ChatRecord]:
     """SFT records from grounded scenarios: the system prompt, the request, the recorded
-    call, the server's answer (cut as the agent cuts it) and a reply with the key facts.
-    Framed as the agent frames a task, with the tools it offers."""
+    calls (two for a chained task) each with the server's answer (cut as the agent cuts
+    it), and a reply with the key facts. Framed as the agent frames a task, with the
+    tools it offers."""
     out: list[ChatRecord] = []
     for index, record in enumerate(r for r in records if answer_facts(r)):
         if len(out) >= limit:
             break
-        name = str(record.metadata["tool"])
-        if name not in tools.schemas:
+        steps = _steps(record)
+        if any(step["tool"] not in tools.schemas for step in steps):
             continue
-        arguments: dict[str, Any] = json.loads(str(record.metadata.get("arguments") or "{}"))
-        call_id = f"call_{index}"
         messages: list[Message] = [
             {"role": "system", "content": system_prompt},
             {"role": "user", "content": record.text},
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": call_id,
-                        "type": "function",
-                        "function": {"name": name, "arguments": json.dumps(arguments)},
-                    }
-                ],
-            },
-            {
-                "role": "tool",
-                "tool_call_id": call_id,
-                "content": truncate(str(record.metadata.get("answer_key", "")), result_chars),
-            },
-            {"role": "assistant", "content": worked_answer(answer_facts(record))},
         ]
+        for number, step in enumerate(steps):
+            call_id = f"call_{index}_{number}"
+            call = {"name": step["tool"], "arguments": json.dumps(step["arguments"])}
+            messages += [
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"id": call_id, "type": "function", "function": call}],
+                },
+                {
+                    "role": "tool",
+                    "tool_call_id": call_id,
+                    "content": truncate(str(step["result"]), result_chars),
+                },
+            ]
+        messages.append({"role": "assistant", "content": worked_answer(answer_facts(record))})
         out.append(ChatRecord(messages=messages, tools=tools.tools))
     return out

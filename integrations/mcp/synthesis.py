@@ -15,6 +15,12 @@ property, `ArgumentSynthesizer` builds a pool of candidate values, best first:
 4. guesses any server might know (`GUESSES`): a `query` gets common words, a `city`
    city names, a `pattern` globs; then a value shaped by the type and `format`.
 
+A property that takes SQL (`chaining.is_sql_property`) gets SELECTs written from the
+tables, columns and rows earlier answers showed (`chaining.DataModel`), each with the
+question it answers. `provenance(tool, arguments)` says which earlier call supplied a
+call's values (a listing's name, a query's row) and which question it answers: the
+chains that multi-step scenarios are written from.
+
 `candidates(name, schema, n)` combines the pools into `n` distinct argument sets (the
 required properties, or the first one when none is required). A value the server
 refused is never proposed again for that property of that tool (`refuse`).
@@ -28,6 +34,9 @@ import random
 import re
 from collections.abc import Callable
 from typing import Any
+
+from rlcoach.autorl.grounded import call_key
+from rlcoach.integrations.mcp.chaining import DataModel, Query, is_sql_property, parse_result
 
 __all__ = ["GUESSES", "NAMED", "ArgumentSynthesizer", "keyed_strings_in", "strings_in"]
 
@@ -92,10 +101,7 @@ def strings_in(text: str) -> list[str]:
 def keyed_strings_in(text: str) -> list[tuple[str, str]]:
     """(the JSON key it was found under, or "", value) for each of `strings_in`."""
     found: list[tuple[str, str]] = []
-    try:
-        parsed = json.loads(text)
-    except (json.JSONDecodeError, TypeError):
-        parsed = None
+    parsed = parse_result(text) if isinstance(text, str) else None
 
     def walk(node: Any, key: str) -> None:
         if isinstance(node, str):
@@ -120,6 +126,15 @@ def keyed_strings_in(text: str) -> list[tuple[str, str]]:
                 found.append(("", item))
     unique = dict.fromkeys((k, v.strip()) for k, v in found if v.strip())
     return list(unique)
+
+
+_GENERIC_WORDS = frozenset(["name", "id", "get", "list", "read", "value", "key", "by", "of"])
+
+
+def _stems(name: str) -> set[str]:
+    """The words of a tool's or property's name, without a plural s."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name).lower()
+    return {w.rstrip("s") for w in re.split(r"[^a-z0-9]+", spaced) if len(w) > 1}
 
 
 def _kind(schema: dict[str, Any]) -> str:
@@ -166,12 +181,34 @@ class ArgumentSynthesizer:
         """Per property name: values an error message suggested."""
         self.refused: dict[str, list[Any]] = {}
         self.lessons: list[str] = []
+        self.data = DataModel()
+        """Tables, columns and rows learned from answers (for SQL properties)."""
+        self.origin: dict[str, str] = {}
+        """Per value of `seen`, the call (`grounded.call_key`) whose answer gave it."""
+        self.queries: dict[str, Query] = {}
+        """The SELECTs proposed so far, by their text."""
+        self.first_calls: dict[str, str] = {}
+        """Per two-step SELECT, the key of the call that runs its first step."""
+        self.descriptions: dict[str, str] = {}
+        """Per tool, its description (a property takes SQL when the tool says so)."""
         for hint in hints:  # the launch command's arguments, e.g. the folder it serves
             self.seen += [m.group(1) for m in _PATH.finditer(" " + hint)]
 
-    def observe(self, result: str, arguments: dict[str, Any] | None = None) -> None:
+    def observe(
+        self,
+        result: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        tool: str = "",
+        call: str = "",
+        index: int | None = None,
+    ) -> None:
         """Remember the string values of a result, for later calls; a relative name in
-        the answer to a call given a folder is also remembered joined to that folder."""
+        the answer to a call given a folder is also remembered joined to that folder.
+        `call` names the call (its key) and `index` its place among the calls that
+        worked, so later calls that use its values know where they came from."""
+        if index is not None:
+            self.data.learn(tool, arguments or {}, result, index)
         folders = [
             v.rstrip("/")
             for v in (arguments or {}).values()
@@ -183,6 +220,8 @@ class ArgumentSynthesizer:
                 if item not in self.seen:
                     self.seen.append(item)
                     self.keys[item] = key
+                    if call:
+                        self.origin.setdefault(item, call)
 
     def refuse(self, tool: str, arguments: dict[str, Any], error: str) -> str | None:
         """Learn from a refused call: its values are not proposed again for those
@@ -242,6 +281,12 @@ class ArgumentSynthesizer:
             pool = [int(v) if kind == "integer" and isinstance(v, float) else v for v in pool]
         elif kind == "boolean":
             pool += [False, True]
+        elif is_sql_property(name, schema, self.descriptions.get(tool, "")):
+            for query in self.data.queries():
+                self.queries.setdefault(query.sql, query)
+                if query.first:
+                    self.first_calls[query.sql] = call_key(tool, {name: query.first})
+                pool.append(query.sql)
         else:
             for matches, make in NAMED:
                 if matches(text):
@@ -266,10 +311,19 @@ class ArgumentSynthesizer:
         an id, short names for a name or query, anything short otherwise; first those it
         returned under the property's own name (`name` for `names`, `id` for `item_id`)."""
         stem = name.lower().rstrip("s").split("_")[-1]
-        recent = sorted(
-            reversed(self.seen),
-            key=lambda v: self.keys.get(v, "").lower().rstrip("s").split("_")[-1] != stem,
-        )
+        words = _stems(name) - _GENERIC_WORDS
+
+        def rank(value: str) -> tuple[bool, bool]:
+            # first values from a tool about the same thing (`list_tables` for a
+            # `table_name`), then values found under the property's own name
+            tool = self.origin.get(value, "").split(":", 1)[0]
+            same_topic = bool(words & _stems(tool))
+            return (
+                not same_topic,
+                self.keys.get(value, "").lower().rstrip("s").split("_")[-1] != stem,
+            )
+
+        recent = sorted(reversed(self.seen), key=rank)
         if re.search(r"\b(path|file|dir|directory|folder|root|repo)", text):
             return [v for v in recent if "/" in v or "." in v]
         if re.search(r"\b(id|ids|key|sku|uuid|identifier)\b|_id\b", text):
@@ -300,8 +354,24 @@ class ArgumentSynthesizer:
                 out[name] = values[min(index, len(values) - 1)]
         return out
 
-    def candidates(self, tool: str, schema: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    def provenance(self, arguments: dict[str, Any]) -> tuple[str, str | None]:
+        """(the question a SELECT among `arguments` answers, or "", the key of the earlier
+        call whose answer supplied a value of `arguments`, or None)."""
+        for value in arguments.values():
+            query = self.queries.get(value) if isinstance(value, str) else None
+            if query is not None:
+                return query.question, self.first_calls.get(value)
+        for value in arguments.values():
+            if isinstance(value, str) and value in self.origin:
+                return "", self.origin[value]
+        return "", None
+
+    def candidates(
+        self, tool: str, schema: dict[str, Any], n: int, *, description: str = ""
+    ) -> list[dict[str, Any]]:
         """Up to `n` distinct argument sets for `tool`, whose input schema is `schema`."""
+        if description:
+            self.descriptions[tool] = description
         properties = schema.get("properties", {})
         names = [p for p in (schema.get("required") or list(properties)[:1]) if p in properties]
         if not names:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,7 @@ from rlcoach.integrations.mcp.report import exploration_summary, report_markdown
 from rlcoach.integrations.mcp.reward import grounded_check
 from rlcoach.integrations.mcp.safety import ToolSafety, judge_tool
 from rlcoach.integrations.mcp.scenarios import blend_generated, server_scenarios, worked_examples
+from rlcoach.integrations.mcp.selection import HeldOutCurve
 from rlcoach.integrations.mcp.tools import ToolSet, convert_tools
 from rlcoach.model import Model, TrainableModel
 from rlcoach.models.bundled import BUNDLED_MODEL
@@ -132,6 +134,20 @@ class MCPTrainConfig(Config):
     check: str | None = None
     """`module:function` scoring an `AgentRun` in [0, 1]; default `grounded_check`."""
     learning_rate: float = Field(1e-3, gt=0.0)
+    eval_every: int = Field(2, ge=0)
+    """Evaluate the held-out split every this many RL steps (and after the last); 0: only
+    after the last. The best checkpoint by held-out success is kept (`keep_best`)."""
+    refill_rounds: int = Field(1, ge=0)
+    """Dynamic sampling (DAPO): a group whose attempts all scored the same teaches nothing
+    (after an SFT warm-up, most do), so its scenario is replaced by another training
+    scenario and sampled again, up to this many rounds per step; the step then trains on
+    the groups that differ. 0: train on the batch as drawn."""
+    patience: int = Field(2, ge=1)
+    """Stop RL after this many evaluations below the best since it was set (a tie is no
+    fall)."""
+    keep_best: bool = True
+    """Serve the best checkpoint by held-out success at the end (the SFT warm-up's, or an
+    RL step's), made the model's latest step when it is not; False: serve the last."""
     seed: int = 0
     engine: str = "vllm"
     root: Path = Path(".rlcoach")
@@ -401,6 +417,122 @@ async def _warm_up(
     }
 
 
+def _calls_shown(record: InputRecord) -> str:
+    """The calls that answer a scenario, as the report shows them (`a(x) -> b(y)`)."""
+    raw = record.metadata.get("steps")
+    if not isinstance(raw, str):
+        return f"{record.metadata.get('tool')} {record.metadata.get('arguments')}"
+    return " -> ".join(f"{s['tool']} {json.dumps(s['arguments'])}" for s in json.loads(raw))
+
+
+def _varied(group: TrajectoryGroup) -> bool:
+    """Whether a group's attempts scored differently (else its advantages are all 0)."""
+    return len({round(t.reward, 6) for t in group.trajectories}) > 1
+
+
+async def _reinforce(
+    model: TrainableModel,
+    config: MCPTrainConfig,
+    server: ServerSpec,
+    found: Discovery,
+    check: Check,
+    train: list[InputRecord],
+    hook: Any,
+    curve: HeldOutCurve,
+    evaluate: Any,
+    paths: RunPaths,
+) -> tuple[list[dict[str, Any]], bool]:
+    """`config.steps` GRPO steps, the held-out split evaluated every `eval_every` of them
+    and after the last; stops early when it falls (`selection.HeldOutCurve`). Returns the
+    steps' rows and whether it stopped early."""
+    steps: list[dict[str, Any]] = []
+    batches = iterate_dataset(
+        train, config.scenarios_per_step, epochs=1000, seed=config.seed, initial_step=model.step
+    )
+    for done, batch in enumerate(batches, start=1):
+        if done > config.steps:
+            break
+        label = f"step {done}/{config.steps} rollouts"
+        groups = await _rollouts(
+            model, config, server, found, check, batch.items, config.group_size, label, hook
+        )
+        spare = [r for r in train if r not in batch.items]
+        random.Random(config.seed * 100_003 + batch.step).shuffle(spare)
+        gathered = list(groups)
+        for _ in range(config.refill_rounds):
+            flat = [g for g in groups if not _varied(g)]
+            if not flat or not spare:
+                break
+            extra, spare = spare[: len(flat)], spare[len(flat) :]
+            more = await _rollouts(
+                model, config, server, found, check, extra, config.group_size, label, hook
+            )
+            gathered += more
+            groups = [g for g in groups if _varied(g)] + more
+        varied = [g for g in groups if _varied(g)]
+        row: dict[str, Any] = {
+            "step": batch.step + 1,
+            **summarize(gathered),
+            "groups_varied": len(varied),
+            "groups_sampled": len(gathered),
+        }
+        result = await model.train(varied or groups)
+        row.update(trained=result.stats.trained, loss=result.stats.loss, served=model.served_name)
+        steps.append(row)
+        append_jsonl(paths.metrics, {"event": "mcp_step", **row})
+        _log(
+            f"step {row['step']:>3}  reward {row['reward']:.3f}  success "
+            f"{row['success']:.3f}  tool errors {row['tool_error_rate']:.3f}  failed "
+            f"{row['failed']:.0f}  "
+            + (
+                f"loss {row['loss']:+.4f}  serving {row['served']}"
+                if row["trained"]
+                else "skipped: equal rewards in every group"
+            )
+        )
+        due = config.eval_every and done % config.eval_every == 0
+        if (due or done == config.steps) and model.step != curve.points[-1]["step"]:
+            result_now = await evaluate(f"step{model.step}", f"at model step {model.step}")
+            curve.add(model.step, f"RL {done}", result_now)
+            if curve.falling and done < config.steps:
+                _log(
+                    f"stopping early after {done} RL steps: held-out success fell below the "
+                    f"best ({curve.best['success']:.3f} at model step {curve.best['step']}) "
+                    f"in {curve.behind} evaluations since"
+                )
+                return steps, True
+    return steps, False
+
+
+async def _serve_best(
+    model: TrainableModel,
+    backend: Any,
+    config: MCPTrainConfig,
+    curve: HeldOutCurve,
+    evaluate: Any,
+) -> tuple[dict[str, float], int | None]:
+    """(the held-out result of the model served at the end, the step restored or None):
+    the best checkpoint by held-out success becomes the latest when it is not."""
+    best = curve.best
+    assert best is not None
+    if config.keep_best and 0 < best["step"] < model.step:
+        restored = best["step"]
+        await model.restore(restored)
+        _log(
+            f"keeping the best: model step {restored} ({best['label']}, held-out success "
+            f"{best['success']:.3f}) is served again as {model.served_name}"
+        )
+        return await evaluate("after", "after training (the best checkpoint)"), restored
+    if config.keep_best and best["step"] == 0 and model.step > 0:
+        _log(
+            "no trained checkpoint did better than the base model on the held-out split; "
+            f"serving the last one ({model.served_name}): see the curve in the report"
+        )
+    # a fresh evaluation even when the curve's last point is this step: the best point is
+    # the highest of several noisy ones, and the report's final number should not be
+    return await evaluate("after", "after training"), None
+
+
 async def train_on_server(
     config: MCPTrainConfig, backend: LocalBackend | None = None, *, check: Check | None = None
 ) -> dict[str, Any]:
@@ -515,6 +647,8 @@ async def train_on_server(
             return result
 
         before = await evaluate("before", "before training")
+        curve = HeldOutCurve(patience=config.patience)
+        curve.add(model.step, "before", before)
         warmup = None
         epochs = config.warmup_epochs
         if epochs is None:  # auto: only a model that (almost) never succeeds needs it
@@ -522,36 +656,11 @@ async def train_on_server(
         if epochs and model.step == 0:
             warmup = await _warm_up(model, config, found, train, epochs)
             warmup["eval"] = await evaluate("warmup", "after the SFT warm-up")
-        steps: list[dict[str, Any]] = []
-        first = model.step  # the warm-up's SFT step counts as a step of the model
-        batches = iterate_dataset(
-            train, config.scenarios_per_step, epochs=1000, seed=config.seed, initial_step=model.step
+            curve.add(model.step, "SFT", warmup["eval"])
+        steps, stopped = await _reinforce(
+            model, config, server, found, check, train, hook, curve, evaluate, paths
         )
-        for batch in batches:
-            if batch.step >= first + config.steps:
-                break
-            label = f"step {batch.step + 1 - first}/{config.steps} rollouts"
-            groups = await _rollouts(
-                model, config, server, found, check, batch.items, config.group_size, label, hook
-            )
-            row: dict[str, Any] = {"step": batch.step + 1, **summarize(groups)}
-            result = await model.train(groups)
-            row.update(
-                trained=result.stats.trained, loss=result.stats.loss, served=model.served_name
-            )
-            steps.append(row)
-            append_jsonl(paths.metrics, {"event": "mcp_step", **row})
-            _log(
-                f"step {row['step']:>3}  reward {row['reward']:.3f}  success "
-                f"{row['success']:.3f}  tool errors {row['tool_error_rate']:.3f}  failed "
-                f"{row['failed']:.0f}  "
-                + (
-                    f"loss {row['loss']:+.4f}  serving {row['served']}"
-                    if row["trained"]
-                    else "skipped: equal rewards in every group"
-                )
-            )
-        after = await evaluate("after", "after training")
+        after, restored = await _serve_best(model, backend, config, curve, evaluate)
         latest = paths.latest_checkpoint()
     report = {
         "model": name,
@@ -565,6 +674,7 @@ async def train_on_server(
         "scenarios": {
             "train": len(train),
             "eval": len(held_out),
+            "two_call": sum(_calls_shown(r).count(" -> ") > 0 for r in [*train, *held_out]),
             "source": str(config.scenarios_file)
             if config.scenarios_file
             else "grounded" + (" + generator" if config.generator else ""),
@@ -575,6 +685,7 @@ async def train_on_server(
                     "arguments": r.metadata.get("arguments"),
                     "answer_facts": [f.display() for f in answer_facts(r)],
                     "held_out": r in held_out,
+                    "calls": _calls_shown(r),
                 }
                 for r in [*train[:4], *held_out[:4]]
             ],
@@ -589,6 +700,10 @@ async def train_on_server(
         "warmup": warmup,
         "eval_after": after,
         "steps": steps,
+        "held_out_curve": curve.points,
+        "best": curve.best,
+        "restored_from_step": restored,
+        "stopped_early": stopped,
         "lora": str(latest[1]) if latest else None,
         "generator_usage": usage.model_dump(),
         "minutes": (time.perf_counter() - started) / 60,

@@ -7,6 +7,8 @@
 - `credentials`: every tool answers that an API key is missing.
 - `destructive`: only destructive tools.
 - `crash`: the only tool kills the server, printing to stderr first.
+- `flags`: a read-only tool whose every answer is a 0/1 flag: nothing a trivial reply
+  does not also say.
 
 Run as `python tests/integration/mcp_explore_server.py MODE`.
 """
@@ -90,6 +92,13 @@ elif mode == "crash":
         """The service's status."""
         print("status: the backend is gone, exiting", file=sys.stderr, flush=True)
         os._exit(3)
+
+elif mode == "flags":
+
+    @server.tool(annotations=READ)
+    def feature_enabled(feature: str) -> str:
+        """Whether a feature flag is on."""
+        return f'{{"feature": "{feature}", "enabled": {int(len(feature) % 2 == 0)}}}'
 
 
 if __name__ == "__main__":

@@ -7,9 +7,11 @@ import json
 import operator
 
 from rlcoach.autorl.facts import Fact, facts_score, key_facts
+from rlcoach.autorl.gameable import drop_gameable
 from rlcoach.autorl.grounded import (
     GroundedCall,
     answer_facts,
+    call_key,
     grounded_scenarios,
     split_by_call,
     worked_answer,
@@ -196,3 +198,90 @@ def test_grounded_scenarios_keep_values_verbatim_and_split_by_call():
     assert call["tool_calls"][0]["function"]["arguments"] == train[0].metadata["arguments"]
     assert answer["content"] == train[0].metadata["answer_key"]
     assert reply["content"].startswith("The answer: 2026-12-05T")
+
+
+def test_the_whole_tool_is_read_what_is_run_decides():
+    def verdict(name, description, annotations=None):
+        found = judge_tool(name, description, annotations)
+        return found.safe, found.rule
+
+    safe, rule = verdict("read_query", "Execute a SELECT query on the SQLite database")
+    assert safe and "'execute' runs a read" in rule and "'select'" in rule
+    assert verdict("query", "Runs a read-only SQL query.")[0]
+    assert verdict("search_logs", "Executes a search over the logs.")[0]
+    for name, description in [
+        ("sql", "Execute an INSERT, UPDATE, or DELETE query"),  # what it runs writes
+        ("run_command", "Run a shell command"),  # runs something not shown to read
+        ("evaluate", "Execute JavaScript in the page"),
+        ("read_and_wipe", "Read a record."),  # the name writes: the description cannot undo it
+    ]:
+        assert not verdict(name, description)[0], name
+    assert "it reads ('list')" in verdict("list_tables", "List all tables")[1]
+    assert verdict("wipe", "Execute anything", {"readOnlyHint": True})[0]  # annotations rule
+
+
+def test_a_listing_feeds_a_two_call_task_that_names_the_item_by_its_place():
+    listing = GroundedCall(
+        tool="list_directory",
+        description="List the contents of a directory.",
+        parameters={"properties": {"path": {"type": "string"}}},
+        arguments={"path": "/srv/notes"},
+        result="[FILE] plan.md\n[FILE] todo.md\n[DIR] old",
+    )
+    read = GroundedCall(
+        tool="read_file",
+        description="Read a file.",
+        parameters={"properties": {"path": {"type": "string"}}},
+        arguments={"path": "/srv/notes/todo.md"},
+        result="Buy 3 lamps before Friday and call Ada Lovelace.",
+        after=0,
+    )
+    records = grounded_scenarios([listing, read], 10)
+    multi = [r for r in records if r.metadata["source"] == "grounded, two calls"]
+    assert len(multi) == 3 and len(records) > len(multi)
+    for record in multi:
+        assert "second" in record.text and "/srv/notes" in record.text
+        assert "todo.md" not in record.text  # found by the first call, not given
+    [example] = worked_examples(
+        multi[:1],
+        convert_tools(
+            [
+                {"name": n, "inputSchema": {"type": "object", "properties": {"path": {}}}}
+                for n in ("list_directory", "read_file")
+            ]
+        ),
+        "Be brief.",
+    )
+    calls = [m["tool_calls"][0]["function"] for m in example.messages if m.get("tool_calls")]
+    assert [c["name"] for c in calls] == ["list_directory", "read_file"]
+    assert json.loads(calls[1]["arguments"]) == {"path": "/srv/notes/todo.md"}
+    results = [m["content"] for m in example.messages if m["role"] == "tool"]
+    assert results == [listing.result, read.result]
+
+
+def test_trivial_replies_must_score_below_a_fifth():
+    calls = [
+        GroundedCall(tool="flag", arguments={"name": n}, result=json.dumps({"on": v}))
+        for n, v in (("alpha", 1), ("beta", 0), ("gamma", 1))
+    ]
+    calls.append(GroundedCall(tool="who", arguments={"id": "7"}, result='{"name": "Ada Lovelace"}'))
+    rejected = []
+    records = grounded_scenarios(calls, 20, rejected=rejected)
+    assert records and all(r.metadata["tool"] == "who" for r in records)
+    assert rejected and {g.record.metadata["tool"] for g in rejected} == {"flag"}
+    assert all(g.score >= 0.2 for g in rejected)
+    kept, gamed = drop_gameable(records)
+    assert kept == records and not gamed
+
+
+def test_values_come_first_from_a_tool_about_the_same_thing():
+    synth = ArgumentSynthesizer()
+    listing = call_key("list_tables", {})
+    synth.observe('[{"name": "authors"}, {"name": "books"}]', {}, tool="list_tables", call=listing)
+    rows = '[{"id": 1, "name": "Kenji Sato", "city": "Osaka"}]'
+    query = {"query": "SELECT * FROM customers"}
+    synth.observe(rows, query, tool="read_query", call=call_key("read_query", query))
+    schema = {"required": ["table_name"], "properties": {"table_name": {"type": "string"}}}
+    first, second = synth.candidates("describe_table", schema, 2)
+    assert {first["table_name"], second["table_name"]} == {"authors", "books"}
+    assert synth.provenance(first) == ("", listing)  # the listing supplied it
