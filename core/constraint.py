@@ -30,7 +30,9 @@ __all__ = [
     "forced_positions",
     "normalize_tool_choice",
     "sampling_constraint",
+    "strict_tools",
     "tool_choice_problem",
+    "unknown_tool_problem",
 ]
 
 FORCED_FLOOR = -9999.0
@@ -62,6 +64,38 @@ def tool_choice_problem(choice: Any) -> str | None:
         f"`tool_choice`={choice!r} is not one of 'auto', 'none', 'required', 'any' or "
         "{'type': 'function', 'function': {'name': ...}}; fix: use one of those"
     )
+
+
+def unknown_tool_problem(body: dict[str, Any]) -> str | None:
+    """What is wrong with a named `tool_choice` whose tool is not in `tools`, or None."""
+    choice = body.get("tool_choice")
+    if not isinstance(choice, dict):
+        return None
+    name = (choice.get("function") or {}).get("name")
+    names = [
+        (tool.get("function") or {}).get("name")
+        for tool in body.get("tools") or []
+        if isinstance(tool, dict)
+    ]
+    if name in names:
+        return None
+    offered = ", ".join(repr(n) for n in names) or "none"
+    return (
+        f"`tool_choice` names the tool {name!r}, which is not in `tools` (offered: {offered}); "
+        "fix: add the tool to `tools` or name one of them"
+    )
+
+
+def strict_tools(body: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(name, parameters) of each tool marked `strict` in a request that may call tools."""
+    if body.get("tool_choice") == "none":
+        return []
+    found = []
+    for tool in body.get("tools") or []:
+        if _strict(tool):
+            function = tool.get("function") or {}
+            found.append((str(function.get("name")), function.get("parameters")))
+    return found
 
 
 def sampling_constraint(body: dict[str, Any]) -> str | None:

@@ -172,6 +172,7 @@ EXPORTED = {
         "RLCoachError",
         "RemoteError",
         "RolloutError",
+        "ToolSchemaError",
         "TrainerError",
         "TrainingDataError",
         "UnknownModelError",
