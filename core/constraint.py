@@ -2,8 +2,9 @@
 
 A JSON schema (`response_format`), a regex or choice list (vLLM's `structured_outputs`),
 a forced tool choice (`tool_choice="required"`, a named tool, LangChain's `"any"`) or a
-tool marked `strict` make vLLM mask the logits with a grammar before sampling. Two
-things follow for training, and the policy endpoint handles both:
+tool marked `strict` make vLLM mask the logits with a grammar before sampling (for a
+forced tool choice, the endpoint's own grammar of the family's call envelope,
+call_grammar.py). Two things follow for training, and the policy endpoint handles both:
 
 - vLLM computes its reported log-probs after the mask, so a constrained token's log-prob
   is the policy's renormalised over what the grammar allowed — higher than the model's

@@ -16,6 +16,10 @@ trainer can trust:
   recorded with the model's own log-probs, re-scored without the grammar, and with the
   positions the grammar forced (constraint.py, rescore.py); the client gets the engine's
   answer, with the top log-probs it asked for.
+- A forced tool choice (`required`, a named tool) is sampled under the endpoint's own
+  grammar of the model family's call envelope around schema-true arguments, and answered
+  as tool calls read from the sampled text (call_grammar.py); a tool schema the grammar
+  cannot hold, or a named tool that is not offered, is a 400 before sampling.
 - A tool-calling reply the policy sampled earlier in the same rollout, returned by the
   client as parsed tool calls, is sent to the engine as the exact text it sampled: the
   chat template would re-serialise the calls its own way (spacing, key order, escapes,

@@ -229,6 +229,54 @@ async def test_a_forced_tool_call_trains_only_the_free_tokens_in_one_sequence(
     await first_step(policy, trajectories, 'tools, tool_choice="required", two turns')
 
 
+async def test_a_named_tool_call_under_the_endpoints_grammar(policy):
+    """A named tool choice over a tool that is not `strict`, with an enum, an optional
+    field and a nested object: the endpoint's envelope grammar (call_grammar.py) holds the
+    arguments to the schema; the step trains the free tokens at ratio 1."""
+    event = {
+        "type": "function",
+        "function": {
+            "name": "create_event",
+            "description": "Put an event in the calendar.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "title": {"type": "string"},
+                    "kind": {"type": "string", "enum": ["work", "family", "health"]},
+                    "when": {
+                        "type": "object",
+                        "properties": {"date": {"type": "string"}, "hour": {"type": "integer"}},
+                        "required": ["date", "hour"],
+                    },
+                },
+                "required": ["title", "when"],
+            },
+        },
+    }
+    client = policy.openai_client()
+    trajectories = []
+    for ask in ("Dentist on 2026-12-09 at 10.", "Lunch with Ana on Friday at 13.", "Gym at 7."):
+        async with policy.rollout() as scope:
+            reply = await client.chat.completions.create(
+                model=policy.name,
+                messages=[{"role": "user", "content": f"Put this in my calendar: {ask}"}],
+                tools=[ADD, event],
+                tool_choice={"type": "function", "function": {"name": "create_event"}},
+                max_tokens=96,
+            )
+        [call] = reply.choices[0].message.tool_calls
+        assert call.function.name == "create_event"
+        arguments = json.loads(call.function.arguments)
+        assert set(arguments) <= {"title", "kind", "when"} and {"date", "hour"} <= set(
+            arguments["when"]
+        )
+        [choice] = scope.trajectory.choices
+        assert choice.constraint == "tool_choice=create_event"
+        assert choice.forced and len(choice.forced) < len(choice.token_ids)
+        trajectories.append(scope.trajectory)
+    await first_step(policy, trajectories, "named tool choice (endpoint grammar)")
+
+
 # -- a LangGraph app as users write it: router, ReAct sub-graph, summariser --------------
 
 # The app, its tools and its shop: bench/shop_app.py (shared with bench/capture_ratio.py).
