@@ -104,12 +104,10 @@ class ForcedCall:
         return upstream
 
     def tool_calls(self, text: str) -> list[dict[str, Any]]:
-        """The OpenAI `tool_calls` in a reply sampled under this grammar (empty when the
-        reply was cut before a call was complete)."""
-        try:
-            found = _pythonic_calls(text) if self.envelope == "pythonic" else _json_calls(text)
-        except (SyntaxError, ValueError):
-            return []
+        """The OpenAI `tool_calls` in a reply sampled under this grammar: every complete
+        call (a reply cut by `max_tokens` in its second call still made its first; empty
+        when it was cut before one call was complete)."""
+        found = _pythonic_calls(text) if self.envelope == "pythonic" else _json_calls(text)
         names = {name for name, _ in self.tools}
         return [
             {
@@ -245,12 +243,18 @@ def _value(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def _json_calls(text: str) -> list[tuple[str, str]]:
-    """(name, arguments as written) of each `{"name": ..., "arguments": {...}}` call."""
+    """(name, arguments as written) of each complete `{"name": ..., "arguments": {...}}`
+    call."""
     decoder = json.JSONDecoder()
     found = []
     for head in _CALL_HEAD.finditer(text):
         start = head.end()
-        _, end = decoder.raw_decode(text, start)
+        try:
+            _, end = decoder.raw_decode(text, start)
+        except ValueError:
+            break  # cut inside this call's arguments
+        if not text.startswith("}", end):
+            break  # cut before the call's object closed
         found.append((json.loads(f'"{head.group(1)}"'), text[start:end]))
     return found
 
@@ -266,8 +270,20 @@ _LITERAL_NAMES = {
 
 
 def _pythonic_calls(text: str) -> list[tuple[str, str]]:
-    """(name, arguments as JSON) of each call in a `[name(key=value, ...), ...]` list."""
-    tree = ast.parse(text.strip(), mode="eval").body
+    """(name, arguments as JSON) of each complete call in a `[name(key=value, ...), ...]`
+    list (one cut short is closed after its last complete call)."""
+    text = text.strip()
+    for end in [len(text), *(i + 1 for i in range(len(text) - 1, 0, -1) if text[i] == ")")]:
+        candidate = text[:end] if end == len(text) else text[:end] + "]"
+        try:
+            return _pythonic_list(candidate)
+        except (SyntaxError, ValueError):
+            continue
+    return []
+
+
+def _pythonic_list(text: str) -> list[tuple[str, str]]:
+    tree = ast.parse(text, mode="eval").body
     if not isinstance(tree, ast.List):
         raise ValueError("not a list of calls")
     found = []

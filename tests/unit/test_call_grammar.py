@@ -103,6 +103,11 @@ def test_calls_are_read_back_as_sampled():
         {"a": -1, "b": 2},
     ]
     assert forced.tool_calls('<tool_call>\n{"name": "add", "arguments": {"a": 2') == []
+    # cut by max_tokens in its second call, a reply still made its first
+    cut = forced.tool_calls(HERMES_ADD + '\n<tool_call>\n{"name": "find", "arguments": {"q')
+    assert [c["function"]["name"] for c in cut] == ["add"]
+    cut = forced_call(REQUIRED, "pythonic").tool_calls('[add(a=1, b=2), find(q="x)')
+    assert [c["function"]["arguments"] for c in cut] == ['{"a": 1, "b": 2}']
 
 
 def test_a_reply_becomes_tool_calls_as_openai_answers_them():
@@ -116,6 +121,9 @@ def test_a_reply_becomes_tool_calls_as_openai_answers_them():
     assert with_tool_calls(choice, named, named.tool_calls(HERMES_ADD))["finish_reason"] == "stop"
     cut = {"message": {"content": HERMES_ADD[:30]}, "finish_reason": "length"}
     assert with_tool_calls(cut, required, required.tool_calls(HERMES_ADD[:30])) == cut
+    longer = {"message": {"content": HERMES_ADD + "\n<tool"}, "finish_reason": "length"}
+    answered = with_tool_calls(longer, required, required.tool_calls(HERMES_ADD + "\n<tool"))
+    assert answered["finish_reason"] == "length" and answered["message"]["tool_calls"]
 
 
 def test_the_engine_is_asked_with_the_grammar_and_no_tool_choice_of_its_own():
