@@ -78,7 +78,9 @@ async def test_required_always_calls_with_fitting_arguments(policy):
             temperature=1.0,
         )
     for choice in reply.choices:
-        assert choice.finish_reason == "tool_calls", choice
+        # This model, shown five tools, often calls one after another until max_tokens
+        # cuts it: a cut reply keeps `length` and the calls it completed.
+        assert choice.finish_reason in ("tool_calls", "length"), choice
         assert fitting_calls(choice), choice
         assert choice.message.content is None
     # recorded as a constrained choice, with what the grammar forced kept out of the loss
@@ -86,6 +88,22 @@ async def test_required_always_calls_with_fitting_arguments(policy):
     assert [c.constraint for c in recorded] == ["tool_choice=required"] * 6
     assert all(c.forced and len(c.forced) < len(c.token_ids) for c in recorded)
     assert all(c.message["tool_calls"] for c in recorded)
+
+
+async def test_required_with_one_call_only(policy):
+    client = policy.openai_client()
+    reply = await client.chat.completions.create(
+        model=policy.name,
+        messages=ASK,
+        tools=[ADD, WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=96,
+        n=4,
+        temperature=1.0,
+    )
+    for choice in reply.choices:
+        assert len(fitting_calls(choice)) == 1 and choice.finish_reason == "tool_calls", choice
 
 
 async def test_a_named_tool_is_the_one_called(policy):
