@@ -131,7 +131,12 @@ def forced_call(body: dict[str, Any], parser: str | None) -> ForcedCall | None:
     """The forced call a request asks for (`tool_choice` required or a named tool), when
     the engine's tool-call parser is one whose envelope the endpoint writes; None for a
     free request. Raises `ToolSchemaError` for a schema the grammar cannot hold."""
-    tools = [t for t in body.get("tools") or [] if isinstance(t, dict)]
+    offered = body.get("tools")
+    tools = [
+        t
+        for t in (offered if isinstance(offered, list) else [])
+        if isinstance(t, dict) and isinstance(t.get("function"), dict)
+    ]
     choice = body.get("tool_choice")
     if parser not in ENVELOPES or not tools:
         return None
@@ -143,7 +148,7 @@ def forced_call(body: dict[str, Any], parser: str | None) -> ForcedCall | None:
         return None
     callable_tools = []
     for tool in tools:
-        function = tool.get("function") or {}
+        function = tool["function"]
         name = function.get("name")
         if not isinstance(name, str) or (named is not None and name != named):
             continue

@@ -73,10 +73,11 @@ def unknown_tool_problem(body: dict[str, Any]) -> str | None:
     if not isinstance(choice, dict):
         return None
     name = (choice.get("function") or {}).get("name")
+    tools = body.get("tools")
     names = [
         (tool.get("function") or {}).get("name")
-        for tool in body.get("tools") or []
-        if isinstance(tool, dict)
+        for tool in (tools if isinstance(tools, list) else [])
+        if isinstance(tool, dict) and isinstance(tool.get("function"), dict)
     ]
     if name in names:
         return None
@@ -92,8 +93,9 @@ def strict_tools(body: dict[str, Any]) -> list[tuple[str, Any]]:
     if body.get("tool_choice") == "none":
         return []
     found = []
-    for tool in body.get("tools") or []:
-        if _strict(tool):
+    tools = body.get("tools")
+    for tool in tools if isinstance(tools, list) else []:
+        if _strict(tool) and isinstance(tool.get("function"), dict):
             function = tool.get("function") or {}
             found.append((str(function.get("name")), function.get("parameters")))
     return found
