@@ -21,6 +21,7 @@ Prints one line per path: valid / 100, then a count of each kind of failure.
 import argparse
 import asyncio
 import json
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -187,6 +188,7 @@ async def run_path(
     """Send every body (`concurrency` at once); the count of each verdict. Each failed
     reply's message and finish reason go to `failures`."""
     limit = asyncio.Semaphore(concurrency)
+    seen: Counter = Counter()
 
     async def one(index: int, body: dict[str, Any]) -> str:
         async with limit:
@@ -195,6 +197,9 @@ async def run_path(
             except Exception as e:  # a refused request counts as a failure, with its kind
                 return f"error: {type(e).__name__}: {str(e)[:80]}"
         found = verdict(body, response)
+        seen[found == "valid"] += 1
+        # progress on stderr: a run cut short still says how far it got
+        print(f"{seen[True]} valid of {sum(seen.values())}", file=sys.stderr, flush=True)
         if found != "valid":
             choice = response["choices"][0]
             failures.append(
