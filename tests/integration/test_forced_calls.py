@@ -78,16 +78,20 @@ async def test_required_always_calls_with_fitting_arguments(policy):
             temperature=1.0,
         )
     for choice in reply.choices:
-        # This model, shown five tools, often calls one after another until max_tokens
-        # cuts it: a cut reply keeps `length` and the calls it completed.
-        assert choice.finish_reason in ("tool_calls", "length"), choice
-        assert fitting_calls(choice), choice
+        names = fitting_calls(choice)  # every call made fits its schema
+        if choice.finish_reason == "length":
+            # Cut by max_tokens: this model, shown several tools, often calls one after
+            # another until the limit (the reply keeps the calls it completed), and can
+            # run a free-text string to the limit (no call complete).
+            continue
+        assert choice.finish_reason == "tool_calls" and names, choice
         assert choice.message.content is None
+    assert any(choice.message.tool_calls for choice in reply.choices)
     # recorded as a constrained choice, with what the grammar forced kept out of the loss
-    recorded = scope.trajectory.choices
+    trajectory = scope.trajectory  # one history per choice of the n
+    recorded = [c for h in (trajectory, *trajectory.additional_histories) for c in h.choices]
     assert [c.constraint for c in recorded] == ["tool_choice=required"] * 6
     assert all(c.forced and len(c.forced) < len(c.token_ids) for c in recorded)
-    assert all(c.message["tool_calls"] for c in recorded)
 
 
 async def test_required_with_one_call_only(policy):
