@@ -25,6 +25,7 @@ __all__ = [
     "RLCoachError",
     "RemoteError",
     "RolloutError",
+    "ToolSchemaError",
     "TrainerError",
     "TrainingDataError",
     "UnknownModelError",
@@ -65,6 +66,22 @@ class TrainingDataError(DataError):
 class AnswerError(RLCoachError, ValueError):
     """A model's answer is not in the form it was asked for (no JSON object, a field
     missing); the caller retries, or counts the failure."""
+
+
+class ToolSchemaError(ConfigError):
+    """A tool's parameter schema holds a keyword the sampling grammar cannot enforce (the
+    policy endpoint answers it with a 400 before sampling); `tool`, `keyword` and `path`
+    say where."""
+
+    def __init__(self, tool: str, keyword: str, path: str, reason: str) -> None:
+        super().__init__(
+            f"tool {tool!r}: `{keyword}` at {path} in its parameters: {reason}, so a forced "
+            f"or strict call could not be held to the schema; fix: remove `{keyword}` from "
+            "the schema (check the value in your tool instead) or do not force the call"
+        )
+        self.tool = tool
+        self.keyword = keyword
+        self.path = path
 
 
 class UnknownModelError(RLCoachError, LookupError):

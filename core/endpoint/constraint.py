@@ -2,8 +2,9 @@
 
 A JSON schema (`response_format`), a regex or choice list (vLLM's `structured_outputs`),
 a forced tool choice (`tool_choice="required"`, a named tool, LangChain's `"any"`) or a
-tool marked `strict` make vLLM mask the logits with a grammar before sampling. Two
-things follow for training, and the policy endpoint handles both:
+tool marked `strict` make vLLM mask the logits with a grammar before sampling (for a
+forced tool choice, the endpoint's own grammar of the family's call envelope,
+call_grammar.py). Two things follow for training, and the policy endpoint handles both:
 
 - vLLM computes its reported log-probs after the mask, so a constrained token's log-prob
   is the policy's renormalised over what the grammar allowed — higher than the model's
@@ -30,7 +31,9 @@ __all__ = [
     "forced_positions",
     "normalize_tool_choice",
     "sampling_constraint",
+    "strict_tools",
     "tool_choice_problem",
+    "unknown_tool_problem",
 ]
 
 FORCED_FLOOR = -9999.0
@@ -62,6 +65,40 @@ def tool_choice_problem(choice: Any) -> str | None:
         f"`tool_choice`={choice!r} is not one of 'auto', 'none', 'required', 'any' or "
         "{'type': 'function', 'function': {'name': ...}}; fix: use one of those"
     )
+
+
+def unknown_tool_problem(body: dict[str, Any]) -> str | None:
+    """What is wrong with a named `tool_choice` whose tool is not in `tools`, or None."""
+    choice = body.get("tool_choice")
+    if not isinstance(choice, dict):
+        return None
+    name = (choice.get("function") or {}).get("name")
+    tools = body.get("tools")
+    names = [
+        (tool.get("function") or {}).get("name")
+        for tool in (tools if isinstance(tools, list) else [])
+        if isinstance(tool, dict) and isinstance(tool.get("function"), dict)
+    ]
+    if name in names:
+        return None
+    offered = ", ".join(repr(n) for n in names) or "none"
+    return (
+        f"`tool_choice` names the tool {name!r}, which is not in `tools` (offered: {offered}); "
+        "fix: add the tool to `tools` or name one of them"
+    )
+
+
+def strict_tools(body: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(name, parameters) of each tool marked `strict` in a request that may call tools."""
+    if body.get("tool_choice") == "none":
+        return []
+    found = []
+    tools = body.get("tools")
+    for tool in tools if isinstance(tools, list) else []:
+        if _strict(tool) and isinstance(tool.get("function"), dict):
+            function = tool.get("function") or {}
+            found.append((str(function.get("name")), function.get("parameters")))
+    return found
 
 
 def sampling_constraint(body: dict[str, Any]) -> str | None:

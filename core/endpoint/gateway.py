@@ -16,6 +16,10 @@ trainer can trust:
   recorded with the model's own log-probs, re-scored without the grammar, and with the
   positions the grammar forced (constraint.py, rescore.py); the client gets the engine's
   answer, with the top log-probs it asked for.
+- A forced tool choice (`required`, a named tool) is sampled under the endpoint's own
+  grammar of the model family's call envelope around schema-true arguments, and answered
+  as tool calls read from the sampled text (call_grammar.py); a tool schema the grammar
+  cannot hold, or a named tool that is not offered, is a 400 before sampling.
 - A tool-calling reply the policy sampled earlier in the same rollout, returned by the
   client as parsed tool calls, is sent to the engine as the exact text it sampled: the
   chat template would re-serialise the calls its own way (spacing, key order, escapes,
@@ -43,19 +47,29 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from rlcoach.endpoint.call_grammar import ForcedCall, forced_call, with_tool_calls
 from rlcoach.endpoint.constraint import (
     as_asked,
     normalize_tool_choice,
     sampling_constraint,
+    strict_tools,
     tool_choice_problem,
+    unknown_tool_problem,
 )
 from rlcoach.endpoint.recorder import Recorder
 from rlcoach.endpoint.rescore import RescoreGate, rescored_choices
 from rlcoach.endpoint.router import Router
+from rlcoach.endpoint.schema_support import check_tool_schema
 from rlcoach.engines import fastjson
 from rlcoach.engines.base import Engine, EngineHTTPError
 from rlcoach.engines.stream import DONE, CompletionAssembler, sse_event
-from rlcoach.errors import ConfigError, EngineError, EngineStartError, UnknownModelError
+from rlcoach.errors import (
+    ConfigError,
+    EngineError,
+    EngineStartError,
+    ToolSchemaError,
+    UnknownModelError,
+)
 from rlcoach.trajectory.histories import message_key
 from rlcoach.trajectory.trajectories import CHOICE_KEY, TIMING_KEY
 
@@ -153,7 +167,7 @@ def _check_body(body: Any) -> str | None:
         isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(x, str) for x in stop))
     ):
         return f"`stop` must be a string or a list of strings, got {stop!r:.60}"
-    return tool_choice_problem(body.get("tool_choice"))
+    return tool_choice_problem(body.get("tool_choice")) or unknown_tool_problem(body)
 
 
 class Gateway:
@@ -208,6 +222,10 @@ class Gateway:
             return error_response(400, problem)
         body = normalize_tool_choice(body)
         try:
+            forced = self._forced_call(body)
+        except ToolSchemaError as e:
+            return error_response(400, str(e), param="tools", code="unsupported_schema")
+        try:
             served, engine_name = await self.router.acquire(body["model"])
         except UnknownModelError as e:
             return error_response(404, str(e), param="model", code="model_not_found")
@@ -215,6 +233,7 @@ class Gateway:
             return _unavailable(e)
         await self._gate.enter()
         call = _Call(body, served, engine_name, request.headers.get(ROLLOUT_HEADER), received)
+        call.forced = forced
         streaming = False
         try:
             upstream = await self._upstream_body(call)
@@ -237,12 +256,28 @@ class Gateway:
             except EngineError as e:
                 return _unavailable(e)
             response["model"] = served
+            if forced is not None:
+                response["choices"] = [
+                    with_tool_calls(c, forced, forced.tool_calls(_text(c)))
+                    for c in response["choices"]
+                ]
             await self._record(call, response, time.perf_counter() - clock)
         finally:
             if not streaming:
                 await self._gate.leave()
                 await self.router.release(engine_name)
         return JSONResponse(as_asked(response, body))
+
+    def _forced_call(self, body: dict[str, Any]) -> ForcedCall | None:
+        """The grammar-held forced call this request asks for (call_grammar.py), where the
+        engine samples under grammars (vLLM: it names its tool-call parser). Raises
+        `ToolSchemaError` for a tool whose schema no grammar could hold, forced or strict."""
+        parser = getattr(self.engine, "tool_call_parser", None)
+        if parser is None:
+            return None
+        for name, schema in strict_tools(body):
+            check_tool_schema(name, schema)
+        return forced_call(body, parser)
 
     async def _pass_through(self, call: _Call, upstream: dict[str, Any], clock: float) -> Response:
         """An unconstrained answer passes through as the engine's bytes when the client
@@ -298,6 +333,8 @@ class Gateway:
             upstream["top_logprobs"] = max(int(body.get("top_logprobs") or 0), 2)
         if call.rollout_id:
             upstream["messages"] = await self._verbatim(call.rollout_id, body["messages"])
+        if call.forced is not None:
+            upstream = call.forced.upstream(upstream)
         return upstream
 
     async def _verbatim(
@@ -342,14 +379,22 @@ class Gateway:
     ) -> AsyncIterator[bytes]:
         """Relay the engine's events as they come; record the completion at the end."""
         assembler = CompletionAssembler()
+        made: dict[int, list[dict[str, Any]]] = {}  # the tool calls of a forced call
         try:
             async for chunk in self.engine.chat_stream(upstream):
                 assembler.add(chunk)
                 chunk["model"] = call.served
+                if call.forced is not None:
+                    chunk = _as_calls(chunk, call.forced, assembler, made)
                 yield sse_event(as_asked(chunk, call.body))
             if assembler.finished:
                 completion = assembler.completion()
                 completion["model"] = call.served
+                if call.forced is not None:
+                    completion["choices"] = [
+                        with_tool_calls(c, call.forced, made.get(c["index"], []))
+                        for c in completion["choices"]
+                    ]
                 await self._record(call, completion, time.perf_counter() - clock)
             elif call.rollout_id:
                 logger.warning("a streamed completion ended without a finish; not recorded")
@@ -475,7 +520,15 @@ def _event_loop() -> asyncio.AbstractEventLoop:
 class _Call:
     """One chat request in flight: what it asked for and where it is routed."""
 
-    __slots__ = ("body", "constraint", "engine_name", "received", "rollout_id", "served")
+    __slots__ = (
+        "body",
+        "constraint",
+        "engine_name",
+        "forced",
+        "received",
+        "rollout_id",
+        "served",
+    )
 
     def __init__(
         self,
@@ -491,6 +544,36 @@ class _Call:
         self.rollout_id = rollout_id
         self.received = received
         self.constraint = sampling_constraint(body)
+        self.forced: ForcedCall | None = None
+
+
+def _text(choice: dict[str, Any]) -> str:
+    return (choice.get("message") or {}).get("content") or ""
+
+
+def _as_calls(
+    chunk: dict[str, Any],
+    forced: ForcedCall,
+    assembler: CompletionAssembler,
+    made: dict[int, list[dict[str, Any]]],
+) -> dict[str, Any]:
+    """A stream chunk of a forced call as the client gets it: the envelope's text is held
+    back, and the choice's last chunk carries its calls whole (or, for a reply cut before a
+    call was complete, the text held back)."""
+    parts = []
+    for part in chunk.get("choices") or []:
+        delta = {k: v for k, v in (part.get("delta") or {}).items() if k != "content"}
+        if part.get("finish_reason"):
+            index = int(part.get("index", 0))
+            text = assembler.text(index)
+            made[index] = calls = forced.tool_calls(text)
+            if calls:
+                delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
+                part = {**part, "finish_reason": forced.finish_reason(part["finish_reason"])}
+            else:
+                delta["content"] = text
+        parts.append({**part, "delta": delta})
+    return {**chunk, "choices": parts}
 
 
 async def _chained(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

@@ -88,6 +88,11 @@ class CompletionAssembler:
         if "stop_reason" in part:
             choice["stop_reason"] = part["stop_reason"]
 
+    def text(self, index: int) -> str:
+        """The content streamed so far for choice `index`."""
+        choice = self._choices.get(index)
+        return (choice["message"].get("content") or "") if choice else ""
+
     @property
     def finished(self) -> bool:
         """Every choice got its finish reason (the stream was not cut short)."""

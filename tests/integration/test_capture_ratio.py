@@ -229,6 +229,60 @@ async def test_a_forced_tool_call_trains_only_the_free_tokens_in_one_sequence(
     await first_step(policy, trajectories, 'tools, tool_choice="required", two turns')
 
 
+async def test_a_named_tool_call_under_the_endpoints_grammar(policy):
+    """A named tool choice over a tool that is not `strict`, with an enum, optional fields
+    and a nested object: the endpoint's envelope grammar (call_grammar.py) holds the
+    arguments to the schema; the step trains the free tokens at ratio 1. (No free-text
+    argument: this model can run a string to `max_tokens`, and a cut call trains
+    nothing to compare.)"""
+    alarm = {
+        "type": "function",
+        "function": {
+            "name": "set_alarm",
+            "description": "Set an alarm.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "hour": {"type": "integer"},
+                    "minute": {"type": "integer"},
+                    "repeat": {"type": "string", "enum": ["once", "daily", "weekdays"]},
+                    "snooze": {
+                        "type": "object",
+                        "properties": {
+                            "minutes": {"type": "integer"},
+                            "times": {"type": "integer"},
+                        },
+                        "required": ["minutes"],
+                    },
+                },
+                "required": ["hour"],
+            },
+        },
+    }
+    client = policy.openai_client()
+    trajectories = []
+    asks = ("Wake me at 6:30.", "An alarm at 7 every day.", "Alarm at noon.", "Snooze 5 min.")
+    for ask in asks * 2:  # about a hundred trained tokens in all (see the module docstring)
+        async with policy.rollout() as scope:
+            reply = await client.chat.completions.create(
+                model=policy.name,
+                messages=[{"role": "user", "content": ask}],
+                tools=[ADD, alarm],
+                tool_choice={"type": "function", "function": {"name": "set_alarm"}},
+                max_tokens=128,
+            )
+        [call] = reply.choices[0].message.tool_calls
+        assert call.function.name == "set_alarm"
+        arguments = json.loads(call.function.arguments)
+        assert isinstance(arguments["hour"], int)
+        assert set(arguments) <= {"hour", "minute", "repeat", "snooze"}
+        [choice] = scope.trajectory.choices
+        assert choice.constraint == "tool_choice=set_alarm"
+        assert choice.forced and len(choice.forced) < len(choice.token_ids)
+        trajectories.append(scope.trajectory)
+    await first_step(policy, trajectories, "named tool choice (endpoint grammar)")
+
+
 # -- a LangGraph app as users write it: router, ReAct sub-graph, summariser --------------
 
 # The app, its tools and its shop: bench/shop_app.py (shared with bench/capture_ratio.py).

@@ -1,0 +1,314 @@
+"""The grammar of a forced tool call: the model family's own call envelope around arguments
+that fit the tool's schema.
+
+`tool_choice="required"` promises at least one call and a named tool choice a call of that
+tool, each with arguments that fit the tool's JSON schema. vLLM keeps neither promise for
+every family: its own forced-call grammar for Hermes-style models constrains only the
+envelope unless a tool is `strict` (0.32), and for other families it asks for a bare JSON
+array the model was never shown. So the policy endpoint writes the grammar itself, as an
+xgrammar structural tag (vLLM's `structured_outputs.structural_tag`, the same on vLLM
+0.26 and 0.32, CPU and GPU), from what `families.py` knows about the envelope:
+
+- `hermes` (SmolLM2 with rlcoach's template, Qwen3): `<tool_call>\\n{"name": "add",
+  "arguments": {...}}\\n</tool_call>`, several calls one per line;
+- `pythonic` (Gemma 3): `[add(a=2, b=3)]`, several calls in the one list; top-level
+  booleans and null are written as Python's `True`/`False`/`None`, as the chat template
+  renders them, nested values as JSON;
+- `llama3_json` (Llama 3): `{"name": "add", "parameters": {...}}`, several separated by `; `.
+
+Argument values follow the tool's schema (xgrammar's JSON-schema grammar: properties in
+the schema's order, required ones present, no others), with at most one whitespace
+character in a row: the model's `{"a": 2, "b": 3}` is allowed, a run of blank lines is
+not (a small model can spend its whole budget on those). After the last call only the
+end of turn is allowed.
+
+The engine is asked with `tool_choice="none"`, so vLLM adds no grammar of its own and
+renders the same prompt (tools are still shown); the endpoint reads the calls out of the
+sampled text (`tool_calls`) and answers as OpenAI does. The text is exactly what was
+sampled, so a returned call re-renders to the sampled tokens: the argument strings are
+cut from the text as written, not re-serialised.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from rlcoach.endpoint.schema_support import check_tool_schema
+from rlcoach.errors import ToolSchemaError
+
+__all__ = ["ENVELOPES", "ForcedCall", "forced_call", "with_tool_calls"]
+
+ENVELOPES = ("hermes", "pythonic", "llama3_json")
+"""The vLLM tool-call parsers whose envelope the endpoint can write a grammar for."""
+
+_MAX_WHITESPACE = 1
+_CALL_HEAD = re.compile(r'\{"name": "((?:[^"\\]|\\.)*)", "(?:arguments|parameters)": ')
+_EMPTY_OBJECT = {"type": "object", "properties": {}}
+
+
+@dataclass(frozen=True, slots=True)
+class ForcedCall:
+    """A request whose reply must be tool calls: which tools, in which envelope."""
+
+    envelope: str
+    tools: tuple[tuple[str, dict[str, Any]], ...]
+    """(name, parameters schema) of each tool the reply may call."""
+    named: str | None
+    """The tool a named tool choice forces (None for `required`)."""
+    single: bool
+    """One call only (a named choice, or `parallel_tool_calls=false`)."""
+
+    def structural_tag(self) -> dict[str, Any]:
+        """The grammar, as an xgrammar structural tag (a JSON-able dict)."""
+        if self.envelope == "hermes":
+            begin = '<tool_call>\n{"name": "{name}", "arguments": '
+            end, separator = "}\n</tool_call>", "\n"
+        elif self.envelope == "llama3_json":
+            begin, end, separator = '{"name": "{name}", "parameters": ', "}", "; "
+        else:
+            begin, end, separator = "{name}(", ")", ", "
+        tags = []
+        for name, schema in self.tools:
+            content = _kwargs(name, schema) if self.envelope == "pythonic" else _json(schema)
+            tags.append(
+                {
+                    "type": "tag",
+                    "begin": begin.replace("{name}", name),
+                    "content": content,
+                    "end": end,
+                }
+            )
+        calls = {
+            "type": "tags_with_separator",
+            "tags": tags,
+            "separator": separator,
+            "at_least_one": True,
+            "stop_after_first": self.single,
+        }
+        if self.envelope == "pythonic":
+            calls = {"type": "sequence", "elements": [_const("["), calls, _const("]")]}
+        return {"type": "structural_tag", "format": calls}
+
+    def upstream(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The engine's request body: the grammar, and no tool choice for vLLM to act on."""
+        upstream = {k: v for k, v in body.items() if k not in ("response_format",)}
+        upstream["tool_choice"] = "none"
+        structured = dict(body.get("structured_outputs") or {})
+        structured["structural_tag"] = json.dumps(self.structural_tag())
+        upstream["structured_outputs"] = structured
+        return upstream
+
+    def tool_calls(self, text: str) -> list[dict[str, Any]]:
+        """The OpenAI `tool_calls` in a reply sampled under this grammar: every complete
+        call (a reply cut by `max_tokens` in its second call still made its first; empty
+        when it was cut before one call was complete)."""
+        found = _pythonic_calls(text) if self.envelope == "pythonic" else _json_calls(text)
+        names = {name for name, _ in self.tools}
+        return [
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {"name": name, "arguments": arguments},
+            }
+            for name, arguments in found
+            if name in names
+        ]
+
+    def finish_reason(self, sampled: str | None) -> str | None:
+        """OpenAI's finish reason for a reply that ended with calls: `tool_calls`, but
+        `stop` for a named tool choice; a cut reply keeps `length`."""
+        if sampled != "stop":
+            return sampled
+        return "stop" if self.named else "tool_calls"
+
+
+def forced_call(body: dict[str, Any], parser: str | None) -> ForcedCall | None:
+    """The forced call a request asks for (`tool_choice` required or a named tool), when
+    the engine's tool-call parser is one whose envelope the endpoint writes; None for a
+    free request. Raises `ToolSchemaError` for a schema the grammar cannot hold."""
+    offered = body.get("tools")
+    tools = [
+        t
+        for t in (offered if isinstance(offered, list) else [])
+        if isinstance(t, dict) and isinstance(t.get("function"), dict)
+    ]
+    choice = body.get("tool_choice")
+    if parser not in ENVELOPES or not tools:
+        return None
+    if isinstance(choice, dict):
+        named = (choice.get("function") or {}).get("name")
+    elif choice == "required":
+        named = None
+    else:
+        return None
+    callable_tools = []
+    for tool in tools:
+        function = tool["function"]
+        name = function.get("name")
+        if not isinstance(name, str) or (named is not None and name != named):
+            continue
+        schema = function.get("parameters") or _EMPTY_OBJECT
+        check_tool_schema(name, schema)
+        callable_tools.append((name, schema))
+    if not callable_tools:
+        return None
+    single = named is not None or body.get("parallel_tool_calls") is False
+    return ForcedCall(parser, tuple(callable_tools), named, single)
+
+
+def with_tool_calls(
+    choice: dict[str, Any], forced: ForcedCall, calls: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A completion choice answered as tool calls (unchanged when there are none: a
+    reply cut by `max_tokens` keeps its text and `finish_reason="length"`)."""
+    if not calls:
+        return choice
+    message = {**(choice.get("message") or {}), "content": None, "tool_calls": calls}
+    finish = forced.finish_reason(choice.get("finish_reason"))
+    return {**choice, "message": message, "finish_reason": finish}
+
+
+# -- grammar pieces -------------------------------------------------------------------------
+
+
+def _const(text: str) -> dict[str, Any]:
+    return {"type": "const_string", "value": text}
+
+
+def _json(schema: Any) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": _MAX_WHITESPACE}
+
+
+def _kwargs(tool: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """Python keyword arguments for an object schema: required ones in order, then the
+    optional ones, each at most once (the pythonic envelope)."""
+    properties = schema.get("properties") or {}
+    required = [n for n in properties if n in set(schema.get("required") or [])]
+    optional = [n for n in properties if n not in required]
+    for name in properties:
+        if not name.isidentifier():
+            raise ToolSchemaError(
+                tool,
+                "properties",
+                f"#/properties/{name}",
+                "a Python-style tool call (this model family's) can only pass arguments "
+                "whose names are identifiers",
+            )
+    defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
+
+    def argument(name: str, separator: str) -> list[dict[str, Any]]:
+        return [_const(f"{separator}{name}="), _value({**properties[name], **defs})]
+
+    elements: list[dict[str, Any]] = []
+    for index, name in enumerate(required):
+        elements += argument(name, ", " if index else "")
+    if required:
+        elements += [
+            {"type": "optional", "content": _sequence(argument(name, ", "))} for name in optional
+        ]
+    elif optional:
+        # No required argument: which optional one comes first decides the separators.
+        firsts = [
+            _sequence(
+                argument(name, "")
+                + [
+                    {"type": "optional", "content": _sequence(argument(later, ", "))}
+                    for later in optional[index + 1 :]
+                ]
+            )
+            for index, name in enumerate(optional)
+        ]
+        elements.append({"type": "optional", "content": {"type": "or", "elements": firsts}})
+    if not elements:
+        return _const("")
+    return _sequence(elements)
+
+
+def _sequence(elements: list[dict[str, Any]]) -> dict[str, Any]:
+    return elements[0] if len(elements) == 1 else {"type": "sequence", "elements": elements}
+
+
+def _value(schema: dict[str, Any]) -> dict[str, Any]:
+    """One keyword argument's value: Python literals for a top-level boolean or null (as
+    the chat template renders them), JSON for everything else."""
+    kind = schema.get("type")
+    if kind == "boolean" and "enum" not in schema and "const" not in schema:
+        return {"type": "or", "elements": [_const("True"), _const("False")]}
+    if kind == "null":
+        return _const("None")
+    return _json(schema)
+
+
+# -- reading the calls back -----------------------------------------------------------------
+
+
+def _json_calls(text: str) -> list[tuple[str, str]]:
+    """(name, arguments as written) of each complete `{"name": ..., "arguments": {...}}`
+    call."""
+    decoder = json.JSONDecoder()
+    found = []
+    for head in _CALL_HEAD.finditer(text):
+        start = head.end()
+        try:
+            _, end = decoder.raw_decode(text, start)
+        except ValueError:
+            break  # cut inside this call's arguments
+        if not text.startswith("}", end):
+            break  # cut before the call's object closed
+        found.append((json.loads(f'"{head.group(1)}"'), text[start:end]))
+    return found
+
+
+_LITERAL_NAMES = {
+    "True": True,
+    "False": False,
+    "None": None,
+    "true": True,
+    "false": False,
+    "null": None,
+}
+
+
+def _pythonic_calls(text: str) -> list[tuple[str, str]]:
+    """(name, arguments as JSON) of each complete call in a `[name(key=value, ...), ...]`
+    list (one cut short is closed after its last complete call)."""
+    text = text.strip()
+    for end in [len(text), *(i + 1 for i in range(len(text) - 1, 0, -1) if text[i] == ")")]:
+        candidate = text[:end] if end == len(text) else text[:end] + "]"
+        try:
+            return _pythonic_list(candidate)
+        except (SyntaxError, ValueError):
+            continue
+    return []
+
+
+def _pythonic_list(text: str) -> list[tuple[str, str]]:
+    tree = ast.parse(text, mode="eval").body
+    if not isinstance(tree, ast.List):
+        raise ValueError("not a list of calls")
+    found = []
+    for call in tree.elts:
+        if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
+            raise ValueError("not a call")
+        arguments = {k.arg: _literal(k.value) for k in call.keywords if k.arg is not None}
+        found.append((call.func.id, json.dumps(arguments, ensure_ascii=False)))
+    return found
+
+
+def _literal(node: ast.expr) -> Any:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name) and node.id in _LITERAL_NAMES:
+        return _LITERAL_NAMES[node.id]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_literal(node.operand)
+    if isinstance(node, ast.List):
+        return [_literal(item) for item in node.elts]
+    if isinstance(node, ast.Dict):
+        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values, strict=True) if k}
+    raise ValueError(f"not a literal: {ast.dump(node)[:80]}")

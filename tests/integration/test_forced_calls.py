@@ -1,0 +1,257 @@
+"""The policy endpoint keeps OpenAI's promises on forced tool calls and JSON modes (issue
+42), with the real vLLM engine and the bundled 135M model behind it (the session's).
+
+Without the endpoint's grammar this model, asked for a forced call, writes arguments that
+miss required keys or runs to `max_tokens` inside a call (bench/forced_calls.py: 5 of 20
+valid through vLLM directly); here every forced reply must be a call whose arguments fit
+the schema. Sampling is at temperature 1.0 with several choices a request, so the
+grammar, not luck, has to hold them. Nothing is faked.
+"""
+
+import json
+from typing import Literal
+
+import httpx
+import jsonschema
+import pytest
+from pydantic import BaseModel
+
+from rlcoach.demo.task import Question, _worked_example
+from rlcoach.integrations.langgraph import chat_model
+
+pytestmark = pytest.mark.vllm
+
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    },
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                "detail": {
+                    "type": "object",
+                    "properties": {"hourly": {"type": "boolean"}, "days": {"type": "integer"}},
+                    "required": ["days"],
+                },
+            },
+            "required": ["city"],
+        },
+    },
+}
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (ADD, WEATHER)}
+ASK = [{"role": "user", "content": "What is 2 + 3? And is it warm in Lisbon? Use the tools."}]
+
+
+def fitting_calls(choice) -> list[str]:
+    """The names of a choice's calls, each checked against its tool's schema."""
+    calls = choice.message.tool_calls or []
+    for call in calls:
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+    return [call.function.name for call in calls]
+
+
+async def test_required_always_calls_with_fitting_arguments(policy):
+    client = policy.openai_client()
+    async with policy.rollout() as scope:
+        reply = await client.chat.completions.create(
+            model=policy.name,
+            messages=ASK,
+            tools=[ADD, WEATHER],
+            tool_choice="required",
+            max_tokens=96,
+            n=6,
+            temperature=1.0,
+        )
+    for choice in reply.choices:
+        names = fitting_calls(choice)  # every call made fits its schema
+        if choice.finish_reason == "length":
+            # Cut by max_tokens: this model, shown several tools, often calls one after
+            # another until the limit (the reply keeps the calls it completed), and can
+            # run a free-text string to the limit (no call complete).
+            continue
+        assert choice.finish_reason == "tool_calls" and names, choice
+        assert choice.message.content is None
+    assert any(choice.message.tool_calls for choice in reply.choices)
+    # recorded as a constrained choice, with what the grammar forced kept out of the loss
+    trajectory = scope.trajectory  # one history per choice of the n
+    recorded = [c for h in (trajectory, *trajectory.additional_histories) for c in h.choices]
+    assert [c.constraint for c in recorded] == ["tool_choice=required"] * 6
+    assert all(c.forced and len(c.forced) < len(c.token_ids) for c in recorded)
+
+
+async def test_required_with_one_call_only(policy):
+    client = policy.openai_client()
+    reply = await client.chat.completions.create(
+        model=policy.name,
+        messages=ASK,
+        tools=[ADD, WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=96,
+        n=4,
+        temperature=1.0,
+    )
+    for choice in reply.choices:
+        assert len(fitting_calls(choice)) == 1 and choice.finish_reason == "tool_calls", choice
+
+
+async def test_a_named_tool_is_the_one_called(policy):
+    client = policy.openai_client()
+    reply = await client.chat.completions.create(
+        model=policy.name,
+        messages=ASK,
+        tools=[ADD, WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=96,
+        n=6,
+        temperature=1.0,
+    )
+    for choice in reply.choices:
+        assert fitting_calls(choice) == ["get_weather"], choice
+        assert choice.finish_reason == "stop"  # OpenAI's finish for a named tool choice
+
+
+async def test_a_streamed_forced_call_arrives_as_tool_call_deltas(policy):
+    client = policy.openai_client()
+    async with policy.rollout() as scope:
+        stream = await client.chat.completions.create(
+            model=policy.name,
+            messages=ASK,
+            tools=[ADD, WEATHER],
+            tool_choice={"type": "function", "function": {"name": "add"}},
+            max_tokens=64,
+            stream=True,
+        )
+        chunks = [chunk async for chunk in stream]
+    deltas = [d for c in chunks for d in (c.choices[0].delta.tool_calls or []) if c.choices]
+    assert len(deltas) == 1 and deltas[0].function.name == "add"
+    jsonschema.validate(json.loads(deltas[0].function.arguments), SCHEMAS["add"])
+    assert not any(c.choices and c.choices[0].delta.content for c in chunks)
+    [recorded] = scope.trajectory.choices
+    assert recorded.message["tool_calls"][0]["id"] == deltas[0].id
+
+
+async def test_strict_tools_hold_every_call_the_model_makes(policy):
+    """`strict` without a forced choice: the model may answer in text, but a call it makes
+    fits the schema (vLLM's own grammar for this family's envelope). A worked example in
+    the prompt makes this model call on most samples."""
+    client = policy.openai_client()
+    strict = {**ADD, "function": {**ADD["function"], "strict": True}}
+    question = Question(12, 30)
+    reply = await client.chat.completions.create(
+        model=policy.name,
+        messages=[
+            *question.messages()[:-1],
+            *_worked_example(7, 8, "call_2"),
+            question.messages()[-1],
+        ],
+        tools=[strict],
+        max_tokens=64,
+        n=8,
+        temperature=1.0,
+    )
+    called = [name for choice in reply.choices for name in fitting_calls(choice)]
+    assert called, [c.message.content for c in reply.choices]
+    for choice in reply.choices:  # no call left unparsed in the text
+        assert "<tool_call>" not in (choice.message.content or ""), choice
+
+
+class Verdict(BaseModel):
+    sentiment: Literal["positive", "negative", "neutral"]
+    stars: int
+
+
+@pytest.mark.parametrize("method", ["function_calling", "json_schema"])
+async def test_langchain_with_structured_output(policy, method):
+    llm = chat_model(policy, max_tokens=96).with_structured_output(Verdict, method=method)
+    verdicts = [
+        await llm.ainvoke(f"Review: {review}. Rate it.")
+        for review in ("Great kettle, fast and quiet.", "The lamp broke in a day.")
+    ]
+    assert all(isinstance(v, Verdict) for v in verdicts), verdicts
+
+
+async def test_json_object_replies_parse_whenever_they_stop(policy):
+    client = policy.openai_client()
+    reply = await client.chat.completions.create(
+        model=policy.name,
+        messages=[{"role": "user", "content": "Describe a cat as a JSON object."}],
+        response_format={"type": "json_object"},
+        max_tokens=200,
+        n=6,
+        temperature=1.0,
+    )
+    finishes = [choice.finish_reason for choice in reply.choices]
+    assert set(finishes) <= {"stop", "length"}
+    for choice in reply.choices:
+        if choice.finish_reason == "stop":
+            assert isinstance(json.loads(choice.message.content), dict)
+    cut = await client.chat.completions.create(
+        model=policy.name,
+        messages=[{"role": "user", "content": "Describe a cat as a JSON object."}],
+        response_format={"type": "json_object"},
+        max_tokens=3,
+    )
+    assert cut.choices[0].finish_reason == "length"  # cut, and said so (as OpenAI does)
+
+
+RECURSIVE = {
+    "type": "object",
+    "properties": {"tree": {"$ref": "#/$defs/Node"}},
+    "$defs": {
+        "Node": {
+            "type": "object",
+            "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/Node"}}},
+        }
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("tools", "choice", "expected"),
+    [
+        ([ADD], {"type": "function", "function": {"name": "mul"}}, ["'mul'", "'add'"]),
+        (
+            [{"type": "function", "function": {"name": "plant", "parameters": RECURSIVE}}],
+            "required",
+            ["'plant'", "`$ref`", "recursive"],
+        ),
+        (
+            [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "pick",
+                        "strict": True,
+                        "parameters": {"type": "object", "properties": {"n": {"not": {}}}},
+                    },
+                }
+            ],
+            "auto",
+            ["'pick'", "`not`", "#/properties/n"],
+        ),
+    ],
+)
+async def test_bad_tools_are_400s_before_sampling(vllm_backend, policy, tools, choice, expected):
+    body = {"model": policy.name, "messages": ASK, "tools": tools, "tool_choice": choice}
+    async with httpx.AsyncClient(base_url=vllm_backend.url) as http:
+        response = await http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert all(part in error["message"] for part in expected), error["message"]
+    assert error["type"] == "invalid_request_error"
