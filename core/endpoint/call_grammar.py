@@ -199,7 +199,7 @@ def _kwargs(tool: str, schema: dict[str, Any]) -> dict[str, Any]:
                 "a Python-style tool call (this model family's) can only pass arguments "
                 "whose names are identifiers",
             )
-    defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
+    defs: dict[str, Any] = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
 
     def argument(name: str, separator: str) -> list[dict[str, Any]]:
         return [_const(f"{separator}{name}="), _value({**properties[name], **defs})]

@@ -121,9 +121,9 @@ def sampling_constraint(body: dict[str, Any]) -> str | None:
             return "json_schema" if kind == "json" else kind
     response_format = body.get("response_format")
     if isinstance(response_format, dict):
-        kind = response_format.get("type")
-        if kind in ("json_schema", "json_object", "structural_tag"):
-            return str(kind)
+        declared = response_format.get("type")
+        if declared in ("json_schema", "json_object", "structural_tag"):
+            return str(declared)
     return None
 
 

@@ -155,13 +155,13 @@ def _check_body(body: Any) -> str | None:
             )
             return f"`{field}` must be {bounds}, got {value!r:.40}"
     for field, low, high in _NUMBER_FIELDS:
-        value = body.get(field)
-        if value is not None and (
-            not isinstance(value, int | float)
-            or isinstance(value, bool)
-            or not low <= value <= high  # also refuses NaN
+        number = body.get(field)
+        if number is not None and (
+            not isinstance(number, int | float)
+            or isinstance(number, bool)
+            or not low <= number <= high  # also refuses NaN
         ):
-            return f"`{field}` must be a number from {low} to {high}, got {value!r:.40}"
+            return f"`{field}` must be a number from {low} to {high}, got {number!r:.40}"
     stop = body.get("stop")
     if stop is not None and not (
         isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(x, str) for x in stop))

@@ -71,7 +71,7 @@ def _pieces(
     if listed and isinstance(listed[0], int):
         pieces = [(start, end, start, start) for start, end in itertools.pairwise(listed)]
     else:
-        pieces = [(int(a), int(b), int(c), int(d)) for a, b, c, d in segments]
+        pieces = [(int(a), int(b), int(c), int(d)) for a, b, c, d in listed]
     if not pieces or max(end for _, end, _, _ in pieces) != length:
         raise ValueError(
             f"sequence boundaries {pieces[:2]}... do not end at the row length {length}; "

@@ -119,10 +119,9 @@ class _RankTrainer:
         mesh = init_device_mesh(device.type, (self.world,))
         for layer in self.model.get_base_model().get_decoder().layers:
             fully_shard(layer, mesh=mesh)
-        self.root: Any = fully_shard(
-            _RowLogprobs(self.model, config.logprob_chunk_tokens), mesh=mesh
-        )
-        for module in self.root.modules():
+        root: Any = fully_shard(_RowLogprobs(self.model, config.logprob_chunk_tokens), mesh=mesh)
+        self.root = root
+        for module in root.modules():
             if isinstance(module, FSDPModule):
                 # Sum over ranks, not the mean; as a plain SUM (gloo has no PREMUL_SUM).
                 module.set_gradient_divide_factor(1.0)

@@ -207,6 +207,34 @@ def _trainer_old_logprobs(
     return olds
 
 
+def _backward_rows(
+    parts: StepParts,
+    rows: list[PackedRow],
+    olds: list[torch.Tensor | None],
+    normalizer: float,
+    c: TrainConfig,
+    number: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Forward and backward of one mini-batch's rows: their sums [4] (loss, clipped
+    tokens, KL, ratio) and the mismatch terms [5] where measured. The sums stay on the
+    device and are read once per mini-batch with the gradient norm: a read per row would
+    make the CPU wait for the GPU between rows, leaving it idle while the next row's
+    kernels are launched."""
+    sums_4 = torch.zeros(4, device=parts.device)
+    measured_5: torch.Tensor | None = None
+    for row, old in zip(rows, olds, strict=True):
+        with record_function("rlcoach.forward"):
+            terms = row_loss_terms(parts, row, normalizer, c, old)
+        with record_function("rlcoach.backward"):
+            terms.loss.backward()
+        sums_4 += torch.stack(
+            [terms.loss.detach(), terms.clipped_tokens, terms.kl_sum, terms.ratio_sum]
+        ).float()
+        if number == 0 or old is not None:
+            measured_5 = _combine(measured_5, terms.mismatch_5)
+    return sums_4, measured_5
+
+
 def grpo_step(parts: StepParts, groups: list[TrajectoryGroup], c: TrainConfig) -> StepStats:
     """One RL step on `groups`; stats with `trained=False` when no group had variance.
 
@@ -240,22 +268,7 @@ def grpo_step(parts: StepParts, groups: list[TrajectoryGroup], c: TrainConfig) -
         for number, (part, rows) in enumerate(zip(mini_batches, rows_by_part, strict=True)):
             normalizer = loss_normalizer(c.loss, [s.sampled_tokens for s in part])
             parts.optimizer.zero_grad(set_to_none=True)
-            # The rows' sums stay on the device (loss, clipped tokens, KL, ratio) and are
-            # read once per mini-batch with the gradient norm: a read per row would make
-            # the CPU wait for the GPU between rows, leaving it idle while the next row's
-            # kernels are launched.
-            sums_4 = torch.zeros(4, device=parts.device)
-            measured_5: torch.Tensor | None = None
-            for row, old in zip(rows, olds[number], strict=True):
-                with record_function("rlcoach.forward"):
-                    terms = row_loss_terms(parts, row, normalizer, c, old)
-                with record_function("rlcoach.backward"):
-                    terms.loss.backward()
-                sums_4 += torch.stack(
-                    [terms.loss.detach(), terms.clipped_tokens, terms.kl_sum, terms.ratio_sum]
-                ).float()
-                if number == 0 or old is not None:
-                    measured_5 = _combine(measured_5, terms.mismatch_5)
+            sums_4, measured_5 = _backward_rows(parts, rows, olds[number], normalizer, c, number)
             with record_function("rlcoach.clip_and_read"):
                 norm = _as_float(torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm))
                 sums = [float(x) for x in sums_4.tolist()]

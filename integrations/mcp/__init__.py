@@ -33,13 +33,14 @@ from rlcoach.integrations.mcp.connection import (
     ToolResult,
     connect,
 )
+from rlcoach.integrations.mcp.discovery import discover
 from rlcoach.integrations.mcp.explore import Exploration, explore
 from rlcoach.integrations.mcp.reward import grounded_check, ruler_rewards
 from rlcoach.integrations.mcp.safety import ToolSafety, judge_tool
 from rlcoach.integrations.mcp.selection import HeldOutCurve
 from rlcoach.integrations.mcp.synthesis import ArgumentSynthesizer
 from rlcoach.integrations.mcp.tools import CallCheck, SchemaError, ToolSet, convert_tools
-from rlcoach.integrations.mcp.train import MCPTrainConfig, discover, train_on_server
+from rlcoach.integrations.mcp.train import MCPTrainConfig, train_on_server
 
 __all__ = [
     "AgentConfig",

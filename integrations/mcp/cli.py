@@ -153,7 +153,7 @@ def tools(
     """List the server's tools as the policy sees them (OpenAI schemas), what was skipped,
     and each tool's safety verdict (`mcp train` calls only the safe ones by default)."""
     from rlcoach.errors import RLCoachError
-    from rlcoach.integrations.mcp.train import discover
+    from rlcoach.integrations.mcp.discovery import discover
 
     spec = server_spec(server, url, header, env, header_env=header_env)
     try:
@@ -271,7 +271,8 @@ def train(
 
     from rlcoach.errors import RLCoachError
     from rlcoach.integrations.mcp.agent import DEFAULT_SYSTEM, AgentConfig
-    from rlcoach.integrations.mcp.train import Endpoint, MCPTrainConfig, train_on_server
+    from rlcoach.integrations.mcp.train import train_on_server
+    from rlcoach.integrations.mcp.train_config import Endpoint, MCPTrainConfig
 
     spec = server_spec(server, url, header, env, header_env=header_env)
     if (judge_url is None) != (judge_model is None):

@@ -44,7 +44,7 @@ from rlcoach.autorl.facts import key_facts
 from rlcoach.autorl.grounded import GroundedCall, call_key
 from rlcoach.errors import ConfigError
 from rlcoach.integrations.mcp.chaining import is_sql_property
-from rlcoach.integrations.mcp.connection import MCPServerError, ServerSpec, connect
+from rlcoach.integrations.mcp.connection import MCPServerError, ServerSpec, ToolResult, connect
 from rlcoach.integrations.mcp.safety import ToolSafety
 from rlcoach.integrations.mcp.synthesis import ArgumentSynthesizer
 from rlcoach.integrations.mcp.tools import ToolSet
@@ -228,95 +228,17 @@ async def explore(
     allowed = [name for name, r in reports.items() if r.called]
     if not allowed:
         raise ConfigError(unsafe_only_message(spec, safety, sandbox))
-    grounded: list[GroundedCall] = []
-    index_of: dict[str, int] = {}  # call key -> its place in `grounded`
-    tried: set[str] = set()
-    done: set[str] = set()
-    session = _Session(run_spec)
-    function = {t["function"]["name"]: t["function"] for t in tools.tools}
+    explorer = _Explorer(run_spec, tools, synthesizer, reports, call_timeout_s)
     try:
         async with asyncio.timeout(budget_s):
             for _round in range(attempts_per_tool):
-                progressed = False
-                for name in _order(tools, allowed):
-                    report = reports[name]
-                    # a tool that takes SQL answers any question about the data: it
-                    # gets twice the calls (the questions are the tasks users write)
-                    times = 2 if _takes_sql(tools, function, name) else 1
-                    if name in done or report.worked >= calls_per_tool * times:
-                        continue
-                    if report.calls >= attempts_per_tool * times:
-                        continue
-                    batch = [
-                        a
-                        for a in synthesizer.candidates(
-                            name,
-                            tools.schemas[name],
-                            calls_per_tool * 2,
-                            description=function[name].get("description", ""),
-                        )
-                        if f"{name}:{json.dumps(a, sort_keys=True, default=str)}" not in tried
-                        and tools.check_call(name, a).error is None
-                    ][:4]
-                    for arguments in batch:
-                        tried.add(f"{name}:{json.dumps(arguments, sort_keys=True, default=str)}")
-                        progressed = True
-                        outcome = await _try(session, tools, name, arguments, call_timeout_s)
-                        report.calls += 1
-                        if isinstance(outcome, str):  # the tool is done: timeout or crash
-                            report.errors.append(outcome)
-                            report.crashed = outcome if "crash" in outcome[:40] else None
-                            done.add(name)
-                            break
-                        if outcome.is_error or _ERROR_TEXT.match(outcome.text):
-                            error = outcome.text.strip()[:300] or "(an empty answer)"
-                            if len(report.errors) < 5:
-                                report.errors.append(f"{_short(arguments)} -> {error}")
-                            lesson = synthesizer.refuse(name, arguments, outcome.text)
-                            if lesson and len(report.lessons) < 5:
-                                report.lessons.append(lesson)
-                            continue
-                        key = call_key(name, arguments)
-                        useful = bool(key_facts(outcome.text, known=json.dumps(arguments)))
-                        question, after = synthesizer.provenance(arguments)  # before observe
-                        synthesizer.observe(
-                            outcome.text,
-                            arguments,
-                            tool=name,
-                            call=key,
-                            index=len(grounded) if useful else None,
-                        )
-                        if useful:
-                            # a bare listing (`SELECT * FROM t`) is a step towards the
-                            # questions, not one of them: it does not count as worked
-                            stepping = _is_listing(synthesizer, arguments)
-                            report.worked += not stepping
-                            if after in index_of:
-                                logger.info("chained: %s feeds %s", after, key)
-                            index_of[key] = len(grounded)
-                            grounded.append(
-                                GroundedCall(
-                                    tool=name,
-                                    description=function[name].get("description", ""),
-                                    parameters=tools.schemas[name],
-                                    arguments=arguments,
-                                    result=outcome.text,
-                                    question=question,
-                                    after=index_of.get(after) if after else None,
-                                )
-                            )
-                        elif len(report.errors) < 5:
-                            report.errors.append(
-                                f"{_short(arguments)} -> no facts in: {outcome.text[:120]}"
-                            )
-                        if report.worked >= calls_per_tool * times:
-                            break
-                if not progressed:
+                if not await explorer.round(allowed, calls_per_tool, attempts_per_tool):
                     break
     except TimeoutError:
         logger.info("exploration stopped at budget_s=%s", budget_s)
     finally:
-        await session.close()
+        await explorer.session.close()
+    grounded = explorer.grounded
     exploration = Exploration(
         sandbox=str(sandbox) if sandbox else None,
         tools=list(reports.values()),
@@ -358,3 +280,112 @@ async def _try(
     except MCPServerError as e:
         await session.close()
         return f"crash with {_short(arguments)}: {e}"
+
+
+class _Explorer:
+    """One exploration's state: the session, what was tried, what worked and chained."""
+
+    def __init__(
+        self,
+        spec: ServerSpec,
+        tools: ToolSet,
+        synthesizer: ArgumentSynthesizer,
+        reports: dict[str, ToolReport],
+        call_timeout_s: float,
+    ) -> None:
+        self.tools = tools
+        self.synthesizer = synthesizer
+        self.reports = reports
+        self.call_timeout_s = call_timeout_s
+        self.session = _Session(spec)
+        self.function = {t["function"]["name"]: t["function"] for t in tools.tools}
+        self.grounded: list[GroundedCall] = []
+        self.index_of: dict[str, int] = {}  # call key -> its place in `grounded`
+        self.tried: set[str] = set()
+        self.done: set[str] = set()
+
+    async def round(self, allowed: list[str], calls_per_tool: int, attempts: int) -> bool:
+        """A few new calls of each allowed tool; False when no tool had one left."""
+        progressed = False
+        for name in _order(self.tools, allowed):
+            report = self.reports[name]
+            # a tool that takes SQL answers any question about the data: it gets twice
+            # the calls (the questions are the tasks users write)
+            times = 2 if _takes_sql(self.tools, self.function, name) else 1
+            if name in self.done or report.worked >= calls_per_tool * times:
+                continue
+            if report.calls >= attempts * times:
+                continue
+            for arguments in self._batch(name, calls_per_tool):
+                self.tried.add(f"{name}:{json.dumps(arguments, sort_keys=True, default=str)}")
+                progressed = True
+                outcome = await _try(self.session, self.tools, name, arguments, self.call_timeout_s)
+                report.calls += 1
+                if isinstance(outcome, str):  # the tool is done: timeout or crash
+                    report.errors.append(outcome)
+                    report.crashed = outcome if "crash" in outcome[:40] else None
+                    self.done.add(name)
+                    break
+                self._record(name, arguments, outcome, report)
+                if report.worked >= calls_per_tool * times:
+                    break
+        return progressed
+
+    def _batch(self, name: str, calls_per_tool: int) -> list[dict[str, Any]]:
+        """Up to four new, schema-valid argument sets for `name`."""
+        return [
+            a
+            for a in self.synthesizer.candidates(
+                name,
+                self.tools.schemas[name],
+                calls_per_tool * 2,
+                description=self.function[name].get("description", ""),
+            )
+            if f"{name}:{json.dumps(a, sort_keys=True, default=str)}" not in self.tried
+            and self.tools.check_call(name, a).error is None
+        ][:4]
+
+    def _record(
+        self, name: str, arguments: dict[str, Any], outcome: ToolResult, report: ToolReport
+    ) -> None:
+        """What a call that answered taught: an error's lesson, or a grounded call whose
+        values later calls may chain from."""
+        if outcome.is_error or _ERROR_TEXT.match(outcome.text):
+            error = outcome.text.strip()[:300] or "(an empty answer)"
+            if len(report.errors) < 5:
+                report.errors.append(f"{_short(arguments)} -> {error}")
+            lesson = self.synthesizer.refuse(name, arguments, outcome.text)
+            if lesson and len(report.lessons) < 5:
+                report.lessons.append(lesson)
+            return
+        key = call_key(name, arguments)
+        useful = bool(key_facts(outcome.text, known=json.dumps(arguments)))
+        question, after = self.synthesizer.provenance(arguments)  # before observe
+        self.synthesizer.observe(
+            outcome.text,
+            arguments,
+            tool=name,
+            call=key,
+            index=len(self.grounded) if useful else None,
+        )
+        if not useful:
+            if len(report.errors) < 5:
+                report.errors.append(f"{_short(arguments)} -> no facts in: {outcome.text[:120]}")
+            return
+        # a bare listing (`SELECT * FROM t`) is a step towards the questions, not one of
+        # them: it does not count as worked
+        report.worked += not _is_listing(self.synthesizer, arguments)
+        if after in self.index_of:
+            logger.info("chained: %s feeds %s", after, key)
+        self.index_of[key] = len(self.grounded)
+        self.grounded.append(
+            GroundedCall(
+                tool=name,
+                description=self.function[name].get("description", ""),
+                parameters=self.tools.schemas[name],
+                arguments=arguments,
+                result=outcome.text,
+                question=question,
+                after=self.index_of.get(after) if after else None,
+            )
+        )

@@ -68,6 +68,13 @@ def report_markdown(report: dict[str, Any]) -> str:
             f"{s.get('groups_varied', '-')} / {s.get('groups_sampled', '-')} | {s['trained']} | "
             f"{s['served']} |"
         )
+    lines += _curve_lines(report) + _exploration_lines(report) + _scenario_lines(report)
+    return "\n".join(lines) + "\n"
+
+
+def _curve_lines(report: dict[str, Any]) -> list[str]:
+    """The held-out curve (base -> SFT -> RL) and what was served at the end."""
+    lines: list[str] = []
     curve = report.get("held_out_curve") or []
     if curve:
         best = report.get("best") or {}
@@ -92,6 +99,12 @@ def report_markdown(report: dict[str, Any]) -> str:
             )
             + ("; RL stopped early: held-out success fell" if report.get("stopped_early") else ""),
         ]
+    return lines
+
+
+def _exploration_lines(report: dict[str, Any]) -> list[str]:
+    """What exploration called, by which rule, and what each tool taught."""
+    lines: list[str] = []
     explored = report.get("exploration")
     if explored:
         lines += [
@@ -106,6 +119,12 @@ def report_markdown(report: dict[str, Any]) -> str:
                 f"| {t['name']} | {'yes' if t['called'] else 'no'} | {t['rule']} | {t['calls']} "
                 f"| {t['worked']} | {'; '.join(t['lessons'])[:200] or '-'} |"
             )
+    return lines
+
+
+def _scenario_lines(report: dict[str, Any]) -> list[str]:
+    """A sample of the scenarios with their calls and answer keys."""
+    lines: list[str] = []
     examples = report["scenarios"].get("examples") or []
     if examples:
         lines += ["", "## Scenarios (a sample; all in scenarios/)", ""]
@@ -115,4 +134,4 @@ def report_markdown(report: dict[str, Any]) -> str:
                 f"| {e['text']} | {e.get('calls') or e['tool'] + ' ' + str(e['arguments'])} | "
                 f"{'; '.join(e['answer_facts'])} | {'yes' if e['held_out'] else 'no'} |"
             )
-    return "\n".join(lines) + "\n"
+    return lines

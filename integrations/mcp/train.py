@@ -21,11 +21,9 @@ import contextlib
 import json
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ConfigDict, Field
 from tqdm.auto import tqdm
 
 from rlcoach.autorl.grounded import answer_facts, split_by_call
@@ -34,227 +32,31 @@ from rlcoach.autorl.types import InputRecord
 from rlcoach.backend.local import LocalBackend
 from rlcoach.errors import ConfigError
 from rlcoach.integrations.mcp.agent import (
-    AgentConfig,
     Check,
-    Example,
-    build_demonstration,
     run_agent,
 )
-from rlcoach.integrations.mcp.connection import ServerSpec, connect
-from rlcoach.integrations.mcp.explore import Exploration, sandboxed, unsafe_only_message
+from rlcoach.integrations.mcp.connection import ServerSpec
+from rlcoach.integrations.mcp.discovery import Discovery, discover, load_check
+from rlcoach.integrations.mcp.explore import Exploration, sandboxed
 from rlcoach.integrations.mcp.report import exploration_summary, report_markdown
 from rlcoach.integrations.mcp.reward import grounded_check
-from rlcoach.integrations.mcp.safety import ToolSafety, judge_tool
 from rlcoach.integrations.mcp.scenarios import blend_generated, server_scenarios, worked_examples
 from rlcoach.integrations.mcp.selection import HeldOutCurve
-from rlcoach.integrations.mcp.tools import ToolSet, convert_tools
-from rlcoach.model import Model, TrainableModel
-from rlcoach.models.bundled import BUNDLED_MODEL
+from rlcoach.integrations.mcp.train_config import MCPTrainConfig
+from rlcoach.model import TrainableModel
 from rlcoach.models.usage import ModelUsage
 from rlcoach.paths import RunPaths, append_jsonl, write_text_atomic
 from rlcoach.rollout.gather import gather_trajectory_groups
 from rlcoach.trajectory.dataset import iterate_dataset
 from rlcoach.trajectory.trajectories import ChatRecord, Message, TrajectoryGroup, save_groups
-from rlcoach.validation import Config
 
-__all__ = [
-    "Discovery",
-    "MCPTrainConfig",
-    "discover",
-    "load_check",
-    "summarize",
-    "tool_source",
-    "train_on_server",
-]
+__all__ = ["MCPTrainConfig", "summarize", "train_on_server"]
 
 PROJECT = "mcp"
 
 
-class Endpoint(Config):
-    """An OpenAI-compatible model: a generator or a judge."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    url: str
-    model: str
-    api_key_env: str | None = None
-
-    def as_model(self) -> Model:
-        return Model(self.model, base_url=self.url, api_key_env=self.api_key_env)
-
-
-class MCPTrainConfig(Config):
-    model_config = ConfigDict(extra="forbid")
-
-    server: ServerSpec
-    base_model: str = BUNDLED_MODEL
-    name: str | None = None
-    """The trained model's name (default `<server>-<time>`); an existing one resumes."""
-    steps: int = Field(4, ge=0)
-    """RL steps this run (after any warm-up; a resumed model trains this many more)."""
-    scenarios: int = Field(32, ge=2)
-    """Grounded scenarios to write (ignored with `scenarios_file`)."""
-    scenarios_file: Path | None = None
-    """A JSONL of AutoRL input records (e.g. from `rlcoach autorl generate --mcp`)."""
-    eval_fraction: float = Field(0.25, gt=0.0, lt=1.0)
-    scenarios_per_step: int = Field(2, ge=1)
-    group_size: int = Field(4, ge=2)
-    eval_samples: int = Field(2, ge=1)
-    agent: AgentConfig = Field(default_factory=AgentConfig)
-    demonstration: bool = False
-    """Put a worked example from a real call before each task (doubles the prompt; the
-    SFT warm-up on the grounded calls teaches more)."""
-    examples: list[Example] = Field(default_factory=list)
-    """Worked examples to use instead of the automatic one (run against the server)."""
-    warmup_epochs: int | None = Field(None, ge=0)
-    """Before RL, fine-tune (SFT) this many epochs on the worked examples, framed as the
-    agent frames a task (system prompt, tools); 0: no warm-up; None: `auto_warmup_epochs`
-    when the base model's held-out success is below `warmup_below`. A small model that
-    never calls a tool gives GRPO groups without reward variance; the warm-up gives it
-    some."""
-    auto_warmup_epochs: int = Field(4, ge=1)
-    warmup_below: float = Field(0.1, ge=0.0, le=1.0)
-    warmup_examples: int = Field(24, ge=1)
-    """At most this many worked examples (one per training scenario with an answer key)."""
-    warmup_tokens: int = Field(80_000, ge=1000)
-    """And at most about this many tokens over all epochs (long tool lists make long
-    examples: the LoRA step learns ~250 tokens/s on two CPU cores)."""
-    allow_unsafe_tools: bool = False
-    """Call while exploring, and offer the policy, the tools the safety rule finds unsafe
-    (they still run in the private working directory and home)."""
-    explore_budget_s: float = Field(180.0, gt=0.0)
-    """Upper bound on exploring the server."""
-    warmup_learning_rate: float = Field(1e-3, gt=0.0)
-    generator: Endpoint | None = None
-    """Rephrases the grounded scenarios and writes more (AutoRL); default: none, the
-    scenarios come from the templates alone."""
-    judge: Endpoint | None = None
-    """RULER's judge; without one the reward is the agent's check alone."""
-    judge_weight: float = Field(0.5, ge=0.0, le=1.0)
-    check: str | None = None
-    """`module:function` scoring an `AgentRun` in [0, 1]; default `grounded_check`."""
-    learning_rate: float = Field(1e-3, gt=0.0)
-    eval_every: int = Field(2, ge=0)
-    """Evaluate the held-out split every this many RL steps (and after the last); 0: only
-    after the last. The best checkpoint by held-out success is kept (`keep_best`)."""
-    refill_rounds: int = Field(1, ge=0)
-    """Dynamic sampling (DAPO): a group whose attempts all scored the same teaches nothing
-    (after an SFT warm-up, most do), so its scenario is replaced by another training
-    scenario and sampled again, up to this many rounds per step; the step then trains on
-    the groups that differ. 0: train on the batch as drawn."""
-    patience: int = Field(2, ge=1)
-    """Stop RL after this many evaluations below the best since it was set (a tie is no
-    fall)."""
-    keep_best: bool = True
-    """Serve the best checkpoint by held-out success at the end (the SFT warm-up's, or an
-    RL step's), made the model's latest step when it is not; False: serve the last."""
-    seed: int = 0
-    engine: str = "vllm"
-    root: Path = Path(".rlcoach")
-    progress: bool = True
-
-
-@dataclass
-class Discovery:
-    """What a server offers, as the policy will see it."""
-
-    server_name: str
-    instructions: str | None
-    tools: ToolSet
-    resources: list[str]
-    prompts: list[str]
-    context: str
-    """Resource texts (cut) and the server's instructions, for writing scenarios."""
-    demonstration: list[Message]
-    safety: dict[str, ToolSafety]
-    """Every tool's verdict (`tools` holds only the allowed ones)."""
-
-
 def _log(line: str) -> None:
     tqdm.write(line)
-
-
-def load_check(path: str) -> Check:
-    """The check function named by `module:function` (e.g. `my_pkg.checks:order_placed`)."""
-    import importlib
-
-    module_name, sep, attribute = path.partition(":")
-    if not sep or not module_name or not attribute:
-        raise ConfigError(f"check={path!r} is not `module:function`, e.g. `my_checks:order_placed`")
-    try:
-        function = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(
-            f"check={path!r} cannot be loaded ({e}); make the module importable "
-            "(on PYTHONPATH or installed) and name a function in it"
-        ) from e
-    if not callable(function):
-        raise ConfigError(f"check={path!r} is a {type(function).__name__}, not a function")
-    return function
-
-
-async def discover(
-    spec: ServerSpec,
-    *,
-    demonstration: bool = True,
-    examples: list[Example] | None = None,
-    context_chars: int = 3000,
-    allow_unsafe: bool = False,
-) -> Discovery:
-    """Connect, list tools/resources/prompts, read text resources, judge each tool's
-    safety (only the allowed ones are kept), build the example."""
-    async with connect(spec) as server:
-        listed = await server.list_tools()
-        tools = convert_tools(listed)
-        resources = await server.list_resources()
-        prompts = await server.list_prompts()
-        parts = [server.instructions] if server.instructions else []
-        for resource in resources[:5]:
-            if str(getattr(resource, "mime_type", None) or "text").startswith("text"):
-                with contextlib.suppress(Exception):
-                    text = await server.read_resource(str(resource.uri))
-                    parts.append(f"{resource.uri}:\n{text}")
-        name, instructions = server.server_name, server.instructions
-    if not tools.tools:
-        skipped = "; ".join(f"{n}: {why}" for n, why in tools.skipped) or "it lists none"
-        raise ConfigError(
-            f"MCP server {spec.label!r} offers no usable tools ({skipped}); "
-            "there is nothing to train tool use on"
-        )
-    safety = {}
-    for tool in listed:
-        verdict = judge_tool(
-            tool.name, tool.description or "", tool.annotations, allow_unsafe=allow_unsafe
-        )
-        renamed = dict(tools.renamed).get(tool.name, tool.name)
-        safety[renamed] = ToolSafety(renamed, verdict.safe, verdict.rule, verdict.allowed)
-    allowed = [n for n in tools.names if safety.get(n) is None or safety[n].allowed]
-    if not allowed:
-        raise ConfigError(unsafe_only_message(spec, safety))
-    tools = tools.only(allowed)
-    example: list[Message] = []
-    if demonstration:
-        async with connect(spec) as server:  # a throwaway session: the call may change state
-            example = await build_demonstration(server, tools, examples or ())
-    return Discovery(
-        name,
-        instructions,
-        tools,
-        [str(r.uri) for r in resources],
-        [p.name for p in prompts],
-        "\n\n".join(parts)[:context_chars],
-        example,
-        safety,
-    )
-
-
-async def tool_source(target: str) -> tuple[list[Any], str | None]:
-    """(OpenAI tools, resource context) of a server given as a launch command or an
-    http(s) URL: AutoRL's `--mcp` finds this through the `rlcoach.tool_sources` entry point."""
-    is_url = target.startswith(("http://", "https://"))
-    spec = ServerSpec(url=target) if is_url else ServerSpec.from_command(target)
-    found = await discover(spec, demonstration=False, allow_unsafe=True)  # nothing is called
-    return found.tools.tools, found.context or None
 
 
 def summarize(groups: list[TrajectoryGroup]) -> dict[str, float]:
@@ -552,6 +354,105 @@ async def train_on_server(
         examples=config.examples,
         allow_unsafe=config.allow_unsafe_tools,
     )
+    _log_discovery(config, found)
+    model = _new_model(config, found)
+    usage = ModelUsage()
+    root = backend.root if backend is not None else config.root
+    run_dir = RunPaths(root, PROJECT, model.name).dir
+    sandbox = run_dir / "sandbox"  # the server's private working directory and home
+    server = sandboxed(config.server, sandbox)
+    explored, train, held_out = await _split_scenarios(config, found, sandbox, usage)
+    judge = config.judge.as_model() if config.judge is not None else None
+    hook = None
+    if judge is not None:
+        from rlcoach.integrations.mcp.reward import ruler_rewards
+
+        hook = ruler_rewards(judge, found.tools, weight=config.judge_weight)
+    async with contextlib.AsyncExitStack() as stack:
+        if backend is None:
+            _log(f"starting the {config.engine} engine with {config.base_model}")
+            backend = LocalBackend(config.root, engine={"kind": config.engine})
+            await stack.enter_async_context(backend)
+        await model.register(backend)
+        paths = backend.paths(model)
+        _save_inputs(config, found, explored, train, held_out, usage, paths)
+        evaluate = _evaluator(model, config, server, found, check, held_out, paths)
+        before = await evaluate("before", "before training")
+        curve = HeldOutCurve(patience=config.patience)
+        curve.add(model.step, "before", before)
+        warmup = None
+        epochs = config.warmup_epochs
+        if epochs is None:  # auto: only a model that (almost) never succeeds needs it
+            epochs = config.auto_warmup_epochs if before["success"] < config.warmup_below else 0
+        if epochs and model.step == 0:
+            warmup = await _warm_up(model, config, found, train, epochs)
+            warmup["eval"] = await evaluate("warmup", "after the SFT warm-up")
+            curve.add(model.step, "SFT", warmup["eval"])
+        steps, stopped = await _reinforce(
+            model, config, server, found, check, train, hook, curve, evaluate, paths
+        )
+        after, restored = await _serve_best(model, backend, config, curve, evaluate)
+        latest = paths.latest_checkpoint()
+    report = _report(
+        config, found, explored, train, held_out, check, model, paths, usage, started
+    ) | {
+        "eval_before": before,
+        "warmup": warmup,
+        "eval_after": after,
+        "steps": steps,
+        "held_out_curve": curve.points,
+        "best": curve.best,
+        "restored_from_step": restored,
+        "stopped_early": stopped,
+        "lora": str(latest[1]) if latest else None,
+    }
+    write_text_atomic(paths.dir / "report.json", json.dumps(report, indent=2) + "\n")
+    write_text_atomic(paths.dir / "report.md", report_markdown(report))
+    _log(f"report: {paths.dir / 'report.md'}")
+    return report
+
+
+def _new_model(config: MCPTrainConfig, found: Discovery) -> TrainableModel:
+    """The model this job trains: named by the config, else by the server and the time."""
+    slug = "".join(c if c.isalnum() else "-" for c in found.server_name.lower()).strip("-")
+    name = config.name or f"{slug[:40] or 'server'}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return TrainableModel(
+        name,
+        PROJECT,
+        base_model=config.base_model,
+        config={"learning_rate": config.learning_rate, "seed": config.seed},
+    )
+
+
+def _save_inputs(
+    config: MCPTrainConfig,
+    found: Discovery,
+    explored: Exploration | None,
+    train: list[InputRecord],
+    held_out: list[InputRecord],
+    usage: ModelUsage,
+    paths: RunPaths,
+) -> None:
+    """The exploration and the scenarios, beside the run's checkpoints."""
+    if explored is not None:
+        write_text_atomic(paths.dir / "exploration.json", explored.model_dump_json(indent=2))
+    save_dataset(
+        paths.dir / "scenarios",
+        train,
+        held_out,
+        {
+            "server": config.server.label,
+            "tools": found.tools.names,
+            "split": "by call",
+            "usage": usage.model_dump(),
+            "seed": config.seed,
+        },
+    )
+    _log(f"{len(train)} train and {len(held_out)} held-out scenarios in {paths.dir / 'scenarios'}")
+
+
+def _log_discovery(config: MCPTrainConfig, found: Discovery) -> None:
+    """Say which tools were skipped, called or not (and by which rule), and what else."""
     for name, why in found.tools.skipped:
         _log(f"skipped tool {name}: {why}")
     for verdict in found.safety.values():
@@ -575,18 +476,12 @@ async def train_on_server(
             else ""
         )
     )
-    slug = "".join(c if c.isalnum() else "-" for c in found.server_name.lower()).strip("-")
-    name = config.name or f"{slug[:40] or 'server'}-{time.strftime('%Y%m%d-%H%M%S')}"
-    model = TrainableModel(
-        name,
-        PROJECT,
-        base_model=config.base_model,
-        config={"learning_rate": config.learning_rate, "seed": config.seed},
-    )
-    usage = ModelUsage()
-    run_dir = RunPaths(backend.root if backend is not None else config.root, PROJECT, name).dir
-    sandbox = run_dir / "sandbox"  # the server's private working directory and home
-    server = sandboxed(config.server, sandbox)
+
+
+async def _split_scenarios(
+    config: MCPTrainConfig, found: Discovery, sandbox: Path, usage: ModelUsage
+) -> tuple[Exploration | None, list[InputRecord], list[InputRecord]]:
+    """(the exploration, train and held-out scenarios), split by the call they need."""
     explored, records = await _scenarios(config, found, sandbox, usage)
     train, held_out = split_by_call(records, config.eval_fraction, config.seed)
     if not train or not held_out:
@@ -595,75 +490,58 @@ async def train_on_server(
             f"{len(held_out)} held out; both need at least one: give more "
             "scenarios or change eval_fraction"
         )
-    judge = config.judge.as_model() if config.judge is not None else None
-    hook = None
-    if judge is not None:
-        from rlcoach.integrations.mcp.reward import ruler_rewards
+    return explored, train, held_out
 
-        hook = ruler_rewards(judge, found.tools, weight=config.judge_weight)
-    async with contextlib.AsyncExitStack() as stack:
-        if backend is None:
-            _log(f"starting the {config.engine} engine with {config.base_model}")
-            backend = LocalBackend(config.root, engine={"kind": config.engine})
-            await stack.enter_async_context(backend)
-        await model.register(backend)
-        paths = backend.paths(model)
-        if explored is not None:
-            write_text_atomic(paths.dir / "exploration.json", explored.model_dump_json(indent=2))
-        save_dataset(
-            paths.dir / "scenarios",
-            train,
+
+def _evaluator(
+    model: TrainableModel,
+    config: MCPTrainConfig,
+    server: ServerSpec,
+    found: Discovery,
+    check: Check,
+    held_out: list[InputRecord],
+    paths: RunPaths,
+) -> Any:
+    """`evaluate(key, label)`: the served model on the held-out scenarios, its groups kept
+    as `eval_<key>.jsonl`, its numbers logged and returned."""
+
+    async def evaluate(key: str, label: str) -> dict[str, float]:
+        groups = await _rollouts(
+            model,
+            config,
+            server,
+            found,
+            check,
             held_out,
-            {
-                "server": config.server.label,
-                "tools": found.tools.names,
-                "split": "by call",
-                "usage": usage.model_dump(),
-                "seed": config.seed,
-            },
+            config.eval_samples,
+            f"eval {model.served_name}",
         )
+        save_groups(paths.dir / f"eval_{key}.jsonl", groups)
+        result = summarize(groups)
         _log(
-            f"{len(train)} train and {len(held_out)} held-out scenarios in "
-            f"{paths.dir / 'scenarios'}"
+            f"held-out {label}: success {result['success']:.3f} reward "
+            f"{result['reward']:.3f} tool-call error rate {result['tool_error_rate']:.3f}"
         )
+        return result
 
-        async def evaluate(key: str, label: str) -> dict[str, float]:
-            groups = await _rollouts(
-                model,
-                config,
-                server,
-                found,
-                check,
-                held_out,
-                config.eval_samples,
-                f"eval {model.served_name}",
-            )
-            save_groups(paths.dir / f"eval_{key}.jsonl", groups)
-            result = summarize(groups)
-            _log(
-                f"held-out {label}: success {result['success']:.3f} reward "
-                f"{result['reward']:.3f} tool-call error rate {result['tool_error_rate']:.3f}"
-            )
-            return result
+    return evaluate
 
-        before = await evaluate("before", "before training")
-        curve = HeldOutCurve(patience=config.patience)
-        curve.add(model.step, "before", before)
-        warmup = None
-        epochs = config.warmup_epochs
-        if epochs is None:  # auto: only a model that (almost) never succeeds needs it
-            epochs = config.auto_warmup_epochs if before["success"] < config.warmup_below else 0
-        if epochs and model.step == 0:
-            warmup = await _warm_up(model, config, found, train, epochs)
-            warmup["eval"] = await evaluate("warmup", "after the SFT warm-up")
-            curve.add(model.step, "SFT", warmup["eval"])
-        steps, stopped = await _reinforce(
-            model, config, server, found, check, train, hook, curve, evaluate, paths
-        )
-        after, restored = await _serve_best(model, backend, config, curve, evaluate)
-        latest = paths.latest_checkpoint()
-    report = {
-        "model": name,
+
+def _report(
+    config: MCPTrainConfig,
+    found: Discovery,
+    explored: Exploration | None,
+    train: list[InputRecord],
+    held_out: list[InputRecord],
+    check: Check,
+    model: TrainableModel,
+    paths: RunPaths,
+    usage: ModelUsage,
+    started: float,
+) -> dict[str, Any]:
+    """The report's parts that the run's outcome does not change."""
+    return {
+        "model": model.name,
         "served": model.served_name,
         "server": config.server.label,
         "server_name": found.server_name,
@@ -696,20 +574,7 @@ async def train_on_server(
             if config.judge
             else getattr(check, "__name__", "check")
         ),
-        "eval_before": before,
-        "warmup": warmup,
-        "eval_after": after,
-        "steps": steps,
-        "held_out_curve": curve.points,
-        "best": curve.best,
-        "restored_from_step": restored,
-        "stopped_early": stopped,
-        "lora": str(latest[1]) if latest else None,
         "generator_usage": usage.model_dump(),
         "minutes": (time.perf_counter() - started) / 60,
         "run_dir": str(paths.dir),
     }
-    write_text_atomic(paths.dir / "report.json", json.dumps(report, indent=2) + "\n")
-    write_text_atomic(paths.dir / "report.md", report_markdown(report))
-    _log(f"report: {paths.dir / 'report.md'}")
-    return report

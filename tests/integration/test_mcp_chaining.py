@@ -18,10 +18,10 @@ from rlcoach.autorl.grounded import answer_facts, grounded_scenarios, worked_ans
 from rlcoach.errors import ConfigError
 from rlcoach.integrations.mcp import ServerSpec
 from rlcoach.integrations.mcp.agent import AgentRun, CallRecord
+from rlcoach.integrations.mcp.discovery import discover
 from rlcoach.integrations.mcp.explore import explore
 from rlcoach.integrations.mcp.reward import grounded_check
 from rlcoach.integrations.mcp.scenarios import server_scenarios
-from rlcoach.integrations.mcp.train import discover
 
 ROOT = Path(__file__).resolve().parents[2]
 SQLITE = ROOT / ".venv" / "servers" / "sqlite" / "bin" / "mcp-server-sqlite"

@@ -13,8 +13,8 @@ import pytest
 from rlcoach.autorl.grounded import answer_facts, grounded_scenarios
 from rlcoach.errors import ConfigError
 from rlcoach.integrations.mcp import MCPServerError, ServerSpec
+from rlcoach.integrations.mcp.discovery import discover
 from rlcoach.integrations.mcp.explore import explore
-from rlcoach.integrations.mcp.train import discover
 
 TIME = ServerSpec(command=[str(Path(sys.executable).with_name("mcp-server-time"))])
 SERVER = str(Path(__file__).with_name("mcp_explore_server.py"))

@@ -15,7 +15,8 @@ from rlcoach.integrations.mcp.agent import (
     truncate,
 )
 from rlcoach.integrations.mcp.cli import read_examples, server_spec
-from rlcoach.integrations.mcp.train import load_check, summarize
+from rlcoach.integrations.mcp.discovery import load_check
+from rlcoach.integrations.mcp.train import summarize
 from rlcoach.trajectory.trajectories import Trajectory, TrajectoryGroup
 
 
