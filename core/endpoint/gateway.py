@@ -154,12 +154,12 @@ def _check_body(body: Any) -> str | None:
                 else f"an integer from {low} to {high}"
             )
             return f"`{field}` must be {bounds}, got {value!r:.40}"
-    for field, low, high in _NUMBER_FIELDS:
+    for field, least, most in _NUMBER_FIELDS:
         number = body.get(field)
         if number is not None and (
             not isinstance(number, int | float)
             or isinstance(number, bool)
-            or not low <= number <= high  # also refuses NaN
+            or not least <= number <= most  # also refuses NaN
         ):
             return f"`{field}` must be a number from {low} to {high}, got {number!r:.40}"
     stop = body.get("stop")
