@@ -58,7 +58,8 @@ class StepRecorder:
         import rlcoach.backend.step_commit as step_commit
         from rlcoach.trainer.lora import LoraTrainer
 
-        backend._render = self._timed("render", backend._render)
+        steps = backend.steps  # the step runner (rlcoach.backend.step)
+        steps._render = self._timed("render", steps._render)
         step_commit.write_uncommitted = self._timed("write adapter", step_commit.write_uncommitted)
         LoraTrainer.save_optimizer = self._timed("save optimizer", LoraTrainer.save_optimizer)
         plain_step = LoraTrainer.step
