@@ -11,6 +11,7 @@ publishing a new LoRA needs no restart.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import logging
 import os
@@ -60,10 +61,12 @@ class VLLMEngine(EngineProcess):
         # by requests, not tokens), so the gateway re-scores alone there (rescore.RescoreGate).
         self.rescore_alone = not on_gpu()
 
-    @property
+    @functools.cached_property
     def tool_call_parser(self) -> str:
         """vLLM's tool-call parser for this model: the configured one, else its family's
-        (the policy endpoint writes forced calls in the envelope it reads, call_grammar.py)."""
+        (the policy endpoint writes forced calls in the envelope it reads, call_grammar.py).
+        Read once: the family comes from the model folder's files, and the endpoint asks on
+        every request, on its event loop."""
         if self.config.tool_call_parser:
             return self.config.tool_call_parser
         family = family_of(self.model_path)
