@@ -120,12 +120,13 @@ def is_tool_error(message: Message) -> bool:
 
 
 TIMING_KEY = "rlcoach_timing"
-"""Where the policy endpoint puts a recorded response's timing (`started_at`, `latency_s`);
-only recorded copies carry it, never what the client receives."""
+"""The key under which the policy endpoint hands a response's timing (`started_at`,
+`latency_s`) to its recorder, which takes it out (`Exchange.recorded`): no exchange, and
+nothing a client receives, carries it."""
 
 CHOICE_KEY = "rlcoach"
-"""Where the policy endpoint puts what it learned about a recorded choice (`forced`
-positions, the `constraint`); only recorded copies carry it."""
+"""The key under which the policy endpoint hands its notes on a choice (`forced`
+positions, the `constraint`) to its recorder, which takes them out into `Exchange.notes`."""
 
 
 def policy_version_of(served_name: object) -> int | None:
