@@ -26,6 +26,7 @@ from rlcoach.backend.colocation import (
     sleep_engine,
     wake_engine,
 )
+from rlcoach.backend.serving_copies import ServingCopies
 from rlcoach.backend.supervisor import EngineSupervisor, RestartableEngine
 from rlcoach.backend.training_input import TrainingLimits, training_limits
 from rlcoach.config import EngineConfig, TrainConfig, parse_config
@@ -60,6 +61,7 @@ class EngineHost:
         self._supervision: Any = None
         self._limits: TrainingLimits | None = None
         self._tokenizer: Any = None
+        self.serving_copies = ServingCopies()
 
     async def start(
         self,
@@ -90,7 +92,12 @@ class EngineHost:
             gpus = (resolved.serve_gpus, resolved.train_gpus) if resolved else ((), ())
             check_sleep_mode(engine, *gpus)
         recorder = Recorder(c.max_recorded_rollouts, ttl_s=c.recording_ttl_s)
-        router = Router(engine, c.max_loras, wait_timeout_s=c.adapter_wait_timeout_s)
+        router = Router(
+            engine,
+            c.max_loras,
+            wait_timeout_s=c.adapter_wait_timeout_s,
+            on_unload=self.serving_copies.drop,
+        )
         gateway = Gateway(engine, router, c.host, c.port, recorder=recorder)
         gateway.start()
         try:
@@ -201,3 +208,4 @@ class EngineHost:
             self.gateway.stop()
         self.gateway = None
         self.engine = None
+        self.serving_copies.close()

@@ -195,6 +195,7 @@ class StepRunner:
 
         await commit_step(
             self._host.gateway,
+            self._host.serving_copies,
             model.name,
             CheckpointCopy(source),
             paths,
@@ -298,6 +299,7 @@ class StepRunner:
 
         committed = await commit_step(
             self._host.gateway,
+            self._host.serving_copies,
             model.name,
             trainer,
             self._paths(model),
@@ -335,7 +337,7 @@ class CheckpointCopy:
     def __init__(self, source: Path) -> None:
         self.source = source
 
-    def save_adapter(self, folder: Path) -> None:
+    def save_adapter(self, folder: Path, serving: bool = False) -> None:
         for entry in self.source.iterdir():
             if entry.name in (STEP_RECORD, METRICS_RECORD, OPTIMIZER_FILE):
                 continue

@@ -4,8 +4,11 @@
 
 1. The adapter and the step record (`rlcoach_step.json`: the request id and the stats)
    are written into a temp folder holding an `.uncommitted` marker, fsynced and renamed
-   to `checkpoints/<step>/` (`write_uncommitted`).
-2. The adapter is published to the engine while the optimizer state is written beside it.
+   to `checkpoints/<step>/` (`write_uncommitted`); the optimizer state follows.
+2. Meanwhile the adapter is published to the engine from a serving copy, written first
+   in the engine's dtype to memory and not synced (serving_copies.py), so the publish
+   does not wait for the disk; the router loads the step from its checkpoint folder
+   from then on (`Router.relocate`).
 3. The step's metrics record — the exact line `metrics.jsonl` gets — is written into the
    folder (`rlcoach_metrics.json`).
 4. The marker is removed and the folder fsynced: the commit point. Only now is the step
@@ -33,6 +36,7 @@ commit and the append) or a failed write lost is written by the next one.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -59,6 +63,7 @@ from rlcoach.paths import (
 from rlcoach.runtime.failpoints import failpoint
 
 if TYPE_CHECKING:
+    from rlcoach.backend.serving_copies import ServingCopies
     from rlcoach.endpoint.gateway import Gateway
     from rlcoach.endpoint.router import Router
     from rlcoach.rollout.staleness import Staleness
@@ -97,7 +102,7 @@ class CheckpointWriter(Protocol):
     """What the commit point needs of a trainer: its adapter and its optimizer state
     written into a folder (a `Trainer`, or a restore's copy of a checkpoint)."""
 
-    def save_adapter(self, folder: Path) -> None: ...
+    def save_adapter(self, folder: Path, serving: bool = False) -> None: ...
 
     def save_optimizer(self, folder: Path) -> None: ...
 
@@ -180,6 +185,7 @@ class Committed:
 
 async def commit_step(
     gateway: Gateway,
+    copies: ServingCopies,
     model_name: str,
     trainer: CheckpointWriter,
     paths: RunPaths,
@@ -191,37 +197,86 @@ async def commit_step(
     """Make the trained adapter of `trainer` step `step` of `model_name`, or nothing of it
     (see the module). `metrics_record(folder, save_seconds, publish_seconds)` gives the
     step's metrics record once it is published; `previous` is the step the router goes
-    back to if the publish is withdrawn."""
+    back to if the publish is withdrawn.
+
+    The engine loads the step from a serving copy (serving_copies.py), written first and
+    not synced, while the checkpoint folder and the optimizer state are written beside
+    the publish; `save_seconds` is the serving copy's time, the part of saving a publish
+    waits for (the checkpoint's own goes into the record as `checkpoint_seconds`)."""
+    refuse_existing(paths, step)
+    served = str(ServedName(model_name, step))
     saved = time.perf_counter()
-    folder = await asyncio.to_thread(write_uncommitted, trainer, paths, step, step_record)
+    staged = await asyncio.to_thread(
+        copies.write,
+        served,
+        functools.partial(trainer.save_adapter, serving=True),
+        paths.dir / ".serving",
+        adapter_bytes(paths.checkpoint(previous)),
+    )
     save_seconds = time.perf_counter() - saved
+    router = gateway.router
     published = False
-    try:
+    folder: Path | None = None
+
+    def write_checkpoint() -> tuple[Path, float]:
+        nonlocal folder
+        started = time.perf_counter()
+        folder = write_uncommitted(trainer, paths, step, step_record)
         failpoint("checkpoint.renamed")
+        try:
+            trainer.save_optimizer(folder)
+        except Exception as e:
+            raise write_failed("optimizer state", step, folder, e) from e
+        return folder, time.perf_counter() - started
+
+    try:
         outcomes = await asyncio.gather(
-            gateway.call(gateway.router.publish(model_name, step, folder)),
-            asyncio.to_thread(trainer.save_optimizer, folder),
+            gateway.call(router.publish(model_name, step, staged)),
+            asyncio.to_thread(write_checkpoint),
             return_exceptions=True,
         )
         published = not isinstance(outcomes[0], BaseException)
-        if isinstance(outcomes[0], BaseException):
-            raise outcomes[0]
-        if isinstance(outcomes[1], BaseException):
-            error = outcomes[1]
-            raise write_failed("optimizer state", step, folder, error) from error
-        publish_seconds = float(outcomes[0])
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        publish_seconds = float(outcomes[0])  # type: ignore[arg-type]
+        folder, checkpoint_seconds = outcomes[1]  # type: ignore[misc]
         failpoint("step.published")
+        await gateway.call(_relocate(router, served, folder))
         record = metrics_record(folder, save_seconds, publish_seconds)
+        record["checkpoint_seconds"] = checkpoint_seconds
         await asyncio.to_thread(_commit, folder, record)
     except BaseException:
         if published:
             try:
-                await gateway.call(_withdraw(gateway.router, model_name, step, previous))
+                await gateway.call(_withdraw(router, model_name, step, previous))
             except Exception:
                 logger.exception("could not withdraw %s@%d from the router", model_name, step)
-        await asyncio.to_thread(shutil.rmtree, folder, True)
+        else:
+            copies.drop(staged)  # the engine never loaded it
+        if folder is not None:
+            await asyncio.to_thread(shutil.rmtree, folder, True)
         raise
     return Committed(folder, record, save_seconds, publish_seconds)
+
+
+def refuse_existing(paths: RunPaths, step: int) -> None:
+    """A step's checkpoint folder is written once: an existing one is never replaced."""
+    target = paths.checkpoint(step)
+    if target.exists():
+        raise CheckpointError(
+            f"checkpoint {target} already exists; refusing to overwrite a saved step — "
+            "fix: register the model again so it resumes from its latest checkpoint"
+        )
+
+
+def adapter_bytes(folder: Path) -> int:
+    """The size of the adapter files in a checkpoint folder (0 when there is none): how
+    much room the next serving copy needs, about."""
+    try:
+        return sum(f.stat().st_size for f in folder.glob("adapter_model.*"))
+    except OSError:
+        return 0
 
 
 def write_uncommitted(
@@ -229,12 +284,8 @@ def write_uncommitted(
 ) -> Path:
     """Step 1 of the module: the adapter and the step record, renamed into place with the
     `UNCOMMITTED` marker; returns the folder."""
+    refuse_existing(paths, step)
     target = paths.checkpoint(step)
-    if target.exists():
-        raise CheckpointError(
-            f"checkpoint {target} already exists; refusing to overwrite a saved step — "
-            "fix: register the model again so it resumes from its latest checkpoint"
-        )
     temp = paths.temp_checkpoint()
     try:
         (temp / UNCOMMITTED).touch()
@@ -275,6 +326,10 @@ def _commit(folder: Path, record: dict[str, Any]) -> None:
 
 async def _withdraw(router: Router, model: str, step: int, previous: int) -> None:
     router.withdraw(model, step, previous)
+
+
+async def _relocate(router: Router, served: str, folder: Path) -> None:
+    router.relocate(served, folder)
 
 
 class MetricsLedger:

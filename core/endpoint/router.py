@@ -21,6 +21,7 @@ import asyncio
 import logging
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 from rlcoach.engines.base import Engine
@@ -35,13 +36,23 @@ logger = logging.getLogger(__name__)
 class Router:
     """Map requested model names to engine names and keep the right adapters loaded."""
 
-    def __init__(self, engine: Engine, max_loras: int, wait_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        max_loras: int,
+        wait_timeout_s: float = 120.0,
+        on_unload: Callable[[Path], None] | None = None,
+    ) -> None:
         self.engine = engine
+        self.on_unload = on_unload
+        """Called with the folder an adapter was loaded from once the engine no longer
+        holds it (its files may go: backend/serving_copies.py)."""
         self.max_loras = max_loras
         self.wait_timeout_s = wait_timeout_s
         self.latest: dict[str, int] = {}
         self.checkpoints: dict[str, Path] = {}
-        self._loaded: OrderedDict[str, None] = OrderedDict()
+        self._loaded: OrderedDict[str, Path] = OrderedDict()
+        """Engine names the engine holds -> the folder each was loaded from."""
         self._inflight: Counter[str] = Counter()
         self._idle = asyncio.Condition()
         self._swap_done = asyncio.Event()
@@ -134,6 +145,12 @@ class Router:
         logger.info("published %s in %.0f ms", served, held * 1000)
         return held
 
+    def relocate(self, served: str, path: Path) -> None:
+        """Load `served` from `path` from now on (the adapter the engine holds stays):
+        a published step's committed checkpoint replaces its serving copy."""
+        if served in self.checkpoints:
+            self.checkpoints[served] = path
+
     def withdraw(self, model: str, step: int, previous: int) -> None:
         """Undo `publish(model, step, ...)`: a step that failed after its publish never
         happened, so `model` means `model@previous` again and `model@step` is not served
@@ -159,13 +176,15 @@ class Router:
         this router had loaded are forgotten as loaded and come back on demand."""
         async with self._load_lock:
             wanted = {str(ServedName(m, s)) for m, s in self.latest.items() if s > 0}
-            for engine_name in list(self._loaded):
-                if engine_name not in wanted:
-                    self._loaded.pop(engine_name)
+            reloaded = {self.checkpoints[name] for name in wanted}
+            for engine_name, path in list(self._loaded.items()):
+                del self._loaded[engine_name]
+                if path not in reloaded:
+                    self._unloaded(path)
             for engine_name in sorted(wanted):
-                await self.engine.load_adapter(engine_name, self.checkpoints[engine_name])
-                self._loaded[engine_name] = None
-                self._loaded.move_to_end(engine_name)
+                path = self.checkpoints[engine_name]
+                await self.engine.load_adapter(engine_name, path)
+                self._loaded[engine_name] = path
 
     async def _ensure_loaded(self, engine_name: str, reload: bool = False) -> None:
         async with self._load_lock:
@@ -173,11 +192,12 @@ class Router:
                 if not reload:
                     return
                 await self.engine.unload_adapter(engine_name)
-                self._loaded.pop(engine_name)
+                self._unloaded(self._loaded.pop(engine_name))
             while len(self._loaded) >= self.max_loras and engine_name not in self._loaded:
                 await self._evict_one(keep=engine_name)
-            await self.engine.load_adapter(engine_name, self.checkpoints[engine_name])
-            self._loaded[engine_name] = None
+            path = self.checkpoints[engine_name]
+            await self.engine.load_adapter(engine_name, path)
+            self._loaded[engine_name] = path
 
     def _idle_victim(self, keep: str) -> str | None:
         """The least recently used loaded adapter with nothing running on it: first any
@@ -202,7 +222,13 @@ class Router:
                 ) from e
         victim = str(found)  # wait_for returned once a victim was found
         await self.engine.unload_adapter(victim)
-        self._loaded.pop(victim, None)
+        path = self._loaded.pop(victim, None)
+        if path is not None:
+            self._unloaded(path)
+
+    def _unloaded(self, path: Path) -> None:
+        if self.on_unload is not None:
+            self.on_unload(path)
 
     async def hold_requests(self) -> None:
         """Hold new requests, as a publish does, until `open_requests` or the end of the

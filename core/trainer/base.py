@@ -109,8 +109,10 @@ class Trainer(Protocol):
     def step(self, groups: list[TrajectoryGroup], config: TrainConfig | None = None) -> StepStats:
         """One RL step on `groups` (`config` overrides the trainer's for this step)."""
 
-    def save_adapter(self, folder: Path) -> None:
-        """Write the peft adapter into `folder` (all an engine needs to serve it)."""
+    def save_adapter(self, folder: Path, serving: bool = False) -> None:
+        """Write the peft adapter into `folder` (all an engine needs to serve it);
+        `serving`: in the base weights' dtype, the one the engine serves, for the engine
+        alone (the checkpoint keeps the trainer's own)."""
 
     def save_optimizer(self, folder: Path) -> None:
         """Write the optimizer state into `folder`, atomically."""

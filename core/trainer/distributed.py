@@ -212,9 +212,10 @@ class DistributedTrainer:
         self.save_adapter(folder)
         self.save_optimizer(folder)
 
-    def save_adapter(self, folder: Path) -> None:
+    def save_adapter(self, folder: Path, serving: bool = False) -> None:
         """Write the whole adapter, in peft's files and keys (as `LoraTrainer` writes it)."""
-        self._call({"cmd": "save_adapter", "folder": str(Path(folder).absolute())})
+        folder_text = str(Path(folder).absolute())
+        self._call({"cmd": "save_adapter", "folder": folder_text, "serving": serving})
 
     def save_optimizer(self, folder: Path) -> None:
         """Write AdamW's whole state atomically (the single-process `optimizer.pt`)."""

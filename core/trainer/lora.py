@@ -62,6 +62,7 @@ __all__ = [
     "build_lora_model",
     "build_optimizer",
     "chunked_token_logprobs",
+    "serving_dtype",
 ]
 
 
@@ -225,6 +226,13 @@ def build_lora_model(model_path: str | Path, config: TrainConfig, device: torch.
     return model
 
 
+def serving_dtype(model: Any) -> torch.dtype:
+    """The dtype an engine serves the adapter in: the base weights' (bf16 on a GPU, the
+    CPU's fp32); the engine casts an adapter to it anyway, so a copy in it loses nothing."""
+    frozen = (p.dtype for p in model.parameters() if not p.requires_grad)
+    return next(frozen, torch.float32)
+
+
 def build_optimizer(model: Any, config: TrainConfig, fused: bool) -> torch.optim.AdamW:
     """AdamW over the model's trainable (LoRA) parameters, in `named_parameters` order."""
     return torch.optim.AdamW(
@@ -292,9 +300,17 @@ class LoraTrainer:
         self.save_adapter(folder)
         self.save_optimizer(folder)
 
-    def save_adapter(self, folder: Path) -> None:
-        """Write only the adapter: all an engine needs to serve the new weights."""
-        self.model.save_pretrained(folder)
+    def save_adapter(self, folder: Path, serving: bool = False) -> None:
+        """Write only the adapter: all an engine needs to serve the new weights
+        (`serving`: cast to the base weights' dtype, as the engine serves them)."""
+        if not serving:
+            self.model.save_pretrained(folder)
+            return
+        dtype = serving_dtype(self.model)
+        named = {
+            n: p.detach().to(dtype) for n, p in self.model.named_parameters() if p.requires_grad
+        }
+        self.model.save_pretrained(folder, state_dict=named)
 
     def save_optimizer(self, folder: Path) -> None:
         """Write AdamW's state (twice the adapter's size) atomically into `folder`."""

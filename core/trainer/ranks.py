@@ -29,7 +29,12 @@ from rlcoach.errors import CheckpointError, ConfigError, TrainingDataError
 from rlcoach.runtime.hardware import autocast
 from rlcoach.trainer.base import StepStats
 from rlcoach.trainer.checkpoint import full_tensor, load_checkpoint, save_optimizer_state
-from rlcoach.trainer.lora import build_lora_model, build_optimizer, chunked_token_logprobs
+from rlcoach.trainer.lora import (
+    build_lora_model,
+    build_optimizer,
+    chunked_token_logprobs,
+    serving_dtype,
+)
 from rlcoach.trainer.sequences import (
     PackedRow,
     Segment,
@@ -173,10 +178,12 @@ class _RankTrainer:
     def step(self, groups: list[TrajectoryGroup], config: TrainConfig) -> StepStats:
         return grpo_step(self, groups, config)
 
-    def save_adapter(self, folder: Path) -> None:
+    def save_adapter(self, folder: Path, serving: bool = False) -> None:
         import torch.distributed as dist
 
         named = {n: full_tensor(p) for n, p in self.model.named_parameters() if p.requires_grad}
+        if serving:
+            named = {n: t.to(serving_dtype(self.model)) for n, t in named.items()}
         if self.rank == 0:
             self.model.save_pretrained(folder, state_dict=named)
         dist.barrier()
@@ -199,7 +206,7 @@ class _RankTrainer:
             return self.step(groups, config).as_dict()
         folder = Path(command["folder"])
         if name == "save_adapter":
-            self.save_adapter(folder)
+            self.save_adapter(folder, serving=bool(command.get("serving")))
         elif name == "save_optimizer":
             self.save_optimizer(folder)
         elif name == "load":

@@ -240,3 +240,33 @@ async def test_a_committed_steps_metrics_line_is_written_once_whatever_fails(
     lines = paths.metrics.read_text().splitlines()
     assert lines[3] == '{"step": 3, "ev' and len(lines) == 5
     assert [json.loads(lines[i])["step"] for i in (0, 1, 2, 4)] == [1, 2, 3, 4]
+
+
+async def test_a_step_is_served_from_a_serving_copy_then_from_its_checkpoint(trained):
+    """The engine loads each step from a serving copy (RAM-backed where /dev/shm has room,
+    else beside the run), written before the checkpoint is synced: the same weights in
+    the base weights' dtype. Once committed, the router loads the step from its
+    checkpoint; a copy is deleted when the engine unloads it, the rest at close."""
+    backend, model = trained
+    router, copies = backend.gateway.router, backend.host.serving_copies
+    paths = backend.paths(model)
+    loaded = dict(router._loaded)
+    staged = loaded["commit@1"]
+    assert staged != paths.checkpoint(1) and staged in copies._copies
+    assert router.checkpoints["commit@1"] == paths.checkpoint(1)  # relocated
+    durable = load_file(paths.checkpoint(1) / "adapter_model.safetensors")
+    served = load_file(staged / "adapter_model.safetensors")
+    assert durable.keys() == served.keys()
+    trainer = backend._trainers[model.name]
+    base_dtype = next(p.dtype for p in trainer.model.parameters() if not p.requires_grad)
+    for key, tensor in durable.items():
+        assert served[key].dtype == base_dtype
+        assert torch.equal(served[key], tensor.to(base_dtype))
+    # Steps beyond the engine's adapter slots evict step 1: its copy goes with it.
+    for _ in range(router.max_loras):
+        await model.train(_batch(model))
+    assert "commit@1" not in router._loaded and not staged.exists()
+    live = [path for name, path in router._loaded.items()]
+    assert all(path.exists() for path in live) and len(copies._copies) <= router.max_loras
+    await backend.close()
+    assert not any(path.exists() for path in live)
