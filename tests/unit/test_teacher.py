@@ -21,7 +21,7 @@ from rlcoach.trainer.sequences import build_sequences, pack_sequences
 from rlcoach.trainer.step import collect_sequences
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from tiny_llama import tiny_groups  # noqa: E402
+from tiny_llama import tiny_groups
 
 
 def test_a_token_the_teacher_likes_more_gets_a_positive_advantage():
@@ -125,21 +125,6 @@ def test_a_distillation_step_moves_the_student_towards_the_teacher(tiny_model):
             else:
                 disliked += delta
     assert liked > 0 > disliked
-
-
-@pytest.fixture(scope="module")
-def other_tokenizer(tmp_path_factory):
-    """A real BPE tokenizer with its own vocabulary, trained here on a few sentences."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel()
-    texts = ["the teacher scores every token the student sampled"] * 20
-    bpe.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>"]))
-    folder = tmp_path_factory.mktemp("other-tokenizer")
-    PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token="<unk>").save_pretrained(folder)
-    return folder
 
 
 def test_a_teacher_with_another_tokenizer_is_refused_with_the_reason(model_path, other_tokenizer):
