@@ -15,8 +15,8 @@ CPU; `--report` prints both curves, the teacher's level and the steps each arm n
 to reach it (or the best it reached):
 
     rlcoach demo --steps 4 --eval-questions 16 --eval-samples 1 --root /tmp/od/runs
-    python bench/distill_curve.py --arm distill --root /tmp/od/runs --teacher calculator-...
-    python bench/distill_curve.py --arm rl --root /tmp/od/runs --teacher calculator-...
+    python bench/distill_curve.py --arm distill --root /tmp/od/runs --teacher calculator-<time>
+    python bench/distill_curve.py --arm rl --root /tmp/od/runs --teacher calculator-<time>
     python bench/distill_curve.py --report --root /tmp/od/runs
 """
 
