@@ -36,6 +36,7 @@ from rlcoach.rollout.gather import (
     retry,
 )
 from rlcoach.rollout.scope import Rollout, current_rollout_id
+from rlcoach.rollout.teacher import Teacher, TeacherScores
 from rlcoach.serve.remote import RemoteBackend
 from rlcoach.trajectory.dataset import DatasetBatch, iterate_dataset
 from rlcoach.trajectory.trajectories import (
@@ -93,6 +94,8 @@ __all__ = [
     "Sink",
     "SinkConfig",
     "StepResult",
+    "Teacher",
+    "TeacherScores",
     "Tools",
     "TrainConfig",
     "TrainableModel",

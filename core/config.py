@@ -79,6 +79,12 @@ class TrainConfig(_Strict):
     clip_high: float = Field(0.28, ge=0.0, le=10.0)
     scale_rewards: bool = False
     """Divide advantages by the group's reward std (the GRPO paper) or not (Dr.GRPO)."""
+    reward_coef: float = Field(1.0, ge=0.0)
+    """Weight of the group-relative reward advantage; 0 with a teacher is pure on-policy
+    distillation (docs/distillation.md)."""
+    teacher_coef: float = Field(1.0, ge=0.0)
+    """Weight of the teacher's per-token advantage, `teacher - sampler` log-prob (minus the
+    reverse KL to the teacher), on tokens a `Teacher` scored; unused without one."""
     kl_coef: float = Field(0.0, ge=0.0)
     """Weight of the k3 KL estimate to the base model (0 skips the reference pass); ART's
     and TRL's `beta` is the same quantity and is accepted as an alias."""

@@ -29,6 +29,7 @@ from rlcoach.models.bundled import BUNDLED_MODEL
 from rlcoach.models.served_name import ServedName
 from rlcoach.rollout.capture import CapturedRollout, ClientRecorder
 from rlcoach.rollout.scope import Rollout, current_rollout_id
+from rlcoach.rollout.teacher import Teacher
 from rlcoach.trajectory.trajectories import ChatRecord, Scalar, Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
@@ -328,6 +329,7 @@ class TrainableModel(Model):
         verbose: bool = False,
         *,
         wait: Literal[True] = True,
+        teacher: Teacher | None = None,
     ) -> StepResult: ...
 
     @overload
@@ -339,6 +341,7 @@ class TrainableModel(Model):
         verbose: bool = False,
         *,
         wait: Literal[False],
+        teacher: Teacher | None = None,
     ) -> PendingStep: ...
 
     async def train(
@@ -349,6 +352,7 @@ class TrainableModel(Model):
         verbose: bool = False,
         *,
         wait: bool = True,
+        teacher: Teacher | None = None,
     ) -> StepResult | PendingStep:
         """One training step on `groups`; the new adapter is served when it finishes.
 
@@ -356,6 +360,11 @@ class TrainableModel(Model):
         (with the current version) while the step trains; `pipeline.py` builds the
         async loop on it. Samples staler than `TrainConfig.max_staleness` versions when
         the step starts are dropped and counted (staleness.py).
+
+        `teacher`: on-policy distillation (rollout/teacher.py, docs/distillation.md):
+        before the step, the teacher scores every token the student sampled, and each
+        token's advantage gets `teacher_coef * (teacher - sampler)` log-prob on top of
+        `reward_coef` x the group-relative reward advantage.
 
         `_config` takes ART's per-step options (`logprob_calculation_chunk_size`,
         `epsilon`, ...; art_config.py); `verbose` is accepted for ART's sake.
@@ -371,7 +380,13 @@ class TrainableModel(Model):
             base = parse_config(TrainConfig, config) if config is not None else self.config
             config = parse_config(TrainConfig, {**base.model_dump(), **train_options(_config)})
         backend = self.backend
-        pending = PendingStep(self._queued(lambda: backend.train(self, groups, config)), self.step)
+
+        async def step() -> StepResult:
+            if teacher is not None:
+                await teacher.score(self, groups)
+            return await backend.train(self, groups, config)
+
+        pending = PendingStep(self._queued(step), self.step)
         return await pending if wait else pending
 
     async def log(

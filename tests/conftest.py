@@ -53,6 +53,21 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def other_tokenizer(tmp_path_factory):
+    """A real BPE tokenizer with its own vocabulary, trained here on a few sentences."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel()
+    texts = ["the teacher scores every token the student sampled"] * 20
+    bpe.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>"]))
+    folder = tmp_path_factory.mktemp("other-tokenizer")
+    PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token="<unk>").save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def tokenizer(model_path):
     from transformers import AutoTokenizer
 

@@ -62,6 +62,7 @@ from rlcoach.errors import ConfigError
 if TYPE_CHECKING:
     from rlcoach.backend.local import StepResult
     from rlcoach.model import TrainableModel
+    from rlcoach.rollout.teacher import Teacher
     from rlcoach.trajectory.trajectories import TrajectoryGroup
 
 __all__ = ["BatchFn", "PipelineRun", "PipelineStep", "Validation", "run_pipeline"]
@@ -160,16 +161,21 @@ async def run_pipeline(
     overlap: bool | None = None,
     on_step: Callable[[PipelineStep], Awaitable[None] | None] | None = None,
     validation: Validation | None = None,
+    teacher: Teacher | None = None,
 ) -> PipelineRun:
     """Sample and train batches `model.step` .. `until_step - 1` (see the module
     docstring). `overlap`: None picks the backend's default (`can_overlap`), True
     samples up to `max_staleness` steps ahead, False never ahead. `on_step` is called
     after each step (to log, evaluate, stop early by raising). `validation`: held-out
-    scores, keep-best and early stopping (the module docstring)."""
+    scores, keep-best and early stopping (the module docstring). `teacher`: on-policy
+    distillation, every batch scored by the teacher before its step (rollout/teacher.py);
+    a teacher whose tokenizer differs from the model's is refused before any sampling."""
     if until_step < 0:
         raise ConfigError(f"until_step={until_step} must be >= 0 (the step to train up to)")
     if validation is not None and validation.every < 1:
         raise ConfigError(f"Validation(every={validation.every}) must be >= 1")
+    if teacher is not None:
+        await asyncio.to_thread(teacher.check, model)
     run = PipelineRun()
     best = _Best(validation, run)
     if validation is not None:
@@ -205,7 +211,7 @@ async def run_pipeline(
             trained_from, train_start = model.step, time.perf_counter()
             result, error = None, None
             try:
-                result = await model.train(groups)
+                result = await model.train(groups, teacher=teacher)
             except Exception as e:  # reported; the loop goes on with the next batch
                 error = f"{type(e).__name__}: {e}"
                 logger.error("step from %s (batch %d) failed: %s", trained_from, index, error)

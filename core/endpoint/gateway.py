@@ -60,6 +60,7 @@ from rlcoach.endpoint.recorder import Recorder
 from rlcoach.endpoint.rescore import RescoreGate, rescored_choices
 from rlcoach.endpoint.router import Router
 from rlcoach.endpoint.schema_support import check_tool_schema
+from rlcoach.endpoint.scoring import prompt_logprobs_response
 from rlcoach.engines import fastjson
 from rlcoach.engines.base import Engine, EngineHTTPError
 from rlcoach.engines.stream import DONE, CompletionAssembler, sse_event
@@ -194,6 +195,7 @@ class Gateway:
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/completions", self._score, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/health", self._health, methods=["GET"]),
                 Route("/rlcoach/rollouts/{rollout_id}", self._take_rollout, methods=["POST"]),
@@ -414,6 +416,10 @@ class Gateway:
                 self.engine, self._gate, call.engine_name, call.constraint, response
             )
         self.recorder.add(call.rollout_id, call.body, recorded)
+
+    async def _score(self, request: Request) -> Response:
+        # A teacher's prompt log-probs (scoring.py); nothing generated or recorded.
+        return await prompt_logprobs_response(request, self.router, self.engine, self._gate)
 
     async def _models(self, request: Request) -> Response:
         now = int(time.time())

@@ -2,7 +2,8 @@
 
 The rollout scope (`scope`: calls made inside it become one trajectory), client-side
 capture for plain models (`capture`), running many rollouts with bounded concurrency,
-failures recorded and retries (`gather`), how stale a sample is (`staleness`), and
+failures recorded and retries (`gather`), how stale a sample is (`staleness`), a
+teacher's scores of the sampled tokens for on-policy distillation (`teacher`), and
 off-policy distillation from a stronger model's attempts (`distill`).
 
 May import: the root foundation, `runtime`, `models`, `trajectory`, `engines`,

@@ -12,6 +12,21 @@ Advantages (`group_advantages`)
 - A group whose rewards are all equal has zero advantages and teaches nothing; the
   trainer drops it and reports how many were dropped rather than counting it as training.
 
+Per-token advantages from a teacher (`teacher_advantages`, on-policy distillation)
+- Where a teacher scored the sampled tokens (`SampledChoice.teacher_logprobs`), each
+  token's advantage is `reward_coef * A_group + teacher_coef * (log pi_teacher(x) -
+  log pi_sampler(x))`: the negative of the per-token reverse KL, `log pi_student -
+  log pi_teacher`, estimated on the student's own sample (Agarwal et al., 2024, "On-Policy
+  Distillation of Language Models"; Thinking Machines' "On-Policy Distillation", 2025).
+  Signs: a token the teacher finds likelier than the student gets a positive advantage
+  (the student is pushed towards it), one the teacher finds less likely a negative one;
+  a teacher equal to the student gives 0 everywhere, and a step of such groups trains
+  nothing (it is skipped as having no variance). The sampler's log-probs stand for the
+  student: the same weights, recorded when the token was drawn.
+- The advantage is per token and undiscounted (no sum over later tokens), as in the
+  references: each token's term is its own reverse-KL estimate.
+- A token without a sampler log-prob (NaN, a client-built reply) gets no teacher term.
+
 Loss (`policy_loss`)
 - Behaviour policy = the engine's logprobs recorded at sampling time (not a re-run of the
   old weights), so the ratio also corrects for small engine/trainer numeric differences
@@ -67,6 +82,7 @@ __all__ = [
     "mismatch_sums",
     "policy_loss",
     "sampler_mismatch",
+    "teacher_advantages",
     "truncated_importance_weights",
 ]
 
@@ -81,6 +97,16 @@ def group_advantages(
     if scale_rewards:
         centered_G = centered_G / (rewards_G.std(unbiased=False) + eps)
     return centered_G
+
+
+def teacher_advantages(
+    teacher_logprobs_T: torch.Tensor, student_logprobs_T: torch.Tensor, coef: float = 1.0
+) -> torch.Tensor:
+    """`coef * (teacher - student)` per sampled token: minus the reverse KL's per-token
+    estimate, so tokens the teacher prefers get a positive advantage. 0 where either
+    log-prob is unknown (NaN)."""
+    delta_T = coef * (teacher_logprobs_T - student_logprobs_T)
+    return torch.where(torch.isnan(delta_T), torch.zeros_like(delta_T), delta_T)
 
 
 def loss_normalizer(kind: LossKind, sampled_tokens_S: list[int]) -> float:

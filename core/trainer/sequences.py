@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rlcoach.errors import TrainingDataError
+from rlcoach.trainer.objective import teacher_advantages
 from rlcoach.trainer.render import CLIENT_POLICY
 from rlcoach.trajectory.trajectories import SampledChoice, Trajectory
 
@@ -71,14 +72,19 @@ class TrainSequence:
     forced_mask: list[int] = field(default_factory=list)
     """1 where a sampling constraint forced the token (sampled, not trained); empty when
     none was forced."""
+    token_advantages: list[float] = field(default_factory=list)
+    """Each token's own advantage (on-policy distillation: the group's `advantage` plus
+    the teacher's per-token term, objective.py `teacher_advantages`); empty when every
+    token gets `advantage`."""
 
     @property
     def sampled_tokens(self) -> int:
         return sum(self.sampled_mask)
 
 
-Walked = tuple[list[int], list[int], list[float], list[int]]
-"""ids, trained mask, old log-probs, forced mask of one sequence."""
+Walked = tuple[list[int], list[int], list[float], list[int], list[float]]
+"""ids, trained mask, old log-probs, forced mask and teacher log-probs (NaN where none)
+of one sequence."""
 
 
 def _walk(choices: list[SampledChoice], train_forced: bool) -> list[Walked]:
@@ -87,14 +93,15 @@ def _walk(choices: list[SampledChoice], train_forced: bool) -> list[Walked]:
     mask: list[int] = []
     old: list[float] = []
     forced: list[int] = []
+    teacher: list[float] = []
     for choice in choices:
         prompt = choice.prompt_token_ids
         if ids and prompt[: len(ids)] == ids:
             context = prompt[len(ids) :]
         else:
             if ids:
-                built.append((ids, mask, old, forced))
-            ids, mask, old, forced = [], [], [], []
+                built.append((ids, mask, old, forced, teacher))
+            ids, mask, old, forced, teacher = [], [], [], [], []
             context = prompt
         forced_here = [0] * len(choice.token_ids)
         for index in choice.forced:
@@ -104,8 +111,10 @@ def _walk(choices: list[SampledChoice], train_forced: bool) -> list[Walked]:
         mask = mask + [0] * len(context) + trained
         old = old + [0.0] * len(context) + list(choice.logprobs)
         forced = forced + [0] * len(context) + forced_here
+        scored = choice.teacher_logprobs or [math.nan] * len(choice.token_ids)
+        teacher = teacher + [math.nan] * len(context) + list(scored)
     if ids:
-        built.append((ids, mask, old, forced))
+        built.append((ids, mask, old, forced, teacher))
     return built
 
 
@@ -153,19 +162,28 @@ def check_logprobs(trajectory: Trajectory) -> None:
 
 
 def build_sequences(
-    trajectory: Trajectory, advantage: float, *, train_forced: bool = False
+    trajectory: Trajectory,
+    advantage: float,
+    *,
+    train_forced: bool = False,
+    teacher_coef: float = 1.0,
 ) -> list[TrainSequence]:
     """All training sequences of one trajectory (main and additional histories).
 
-    `train_forced` puts forced tokens in the trained mask too (SFT imitates them)."""
+    `train_forced` puts forced tokens in the trained mask too (SFT imitates them). Where
+    a teacher scored the sampled tokens, each trained token's advantage is `advantage`
+    plus `teacher_coef * (teacher - sampler)` log-prob (`teacher_advantages`)."""
     check_logprobs(trajectory)
     sequences = []
     for history in trajectory.histories():
-        for ids, mask, old, forced in _walk(history.choices, train_forced):
+        for ids, mask, old, forced, teacher in _walk(history.choices, train_forced):
             if sum(mask) == 0:  # nothing sampled, or every token forced
                 continue
             kept_forced = forced if any(forced) else []
-            sequences.append(TrainSequence(ids, mask, old, advantage, trajectory.id, kept_forced))
+            per_token = _token_advantages(advantage, mask, old, teacher, teacher_coef)
+            sequences.append(
+                TrainSequence(ids, mask, old, advantage, trajectory.id, kept_forced, per_token)
+            )
     if not sequences and trajectory.sampled_token_count() == 0:
         raise TrainingDataError(
             f"trajectory {trajectory.id!r} has no sampled choice (no token the policy "
@@ -174,6 +192,20 @@ def build_sequences(
             "with `SampledChoice.from_openai(...)`"
         )
     return sequences
+
+
+def _token_advantages(
+    advantage: float, mask: list[int], old: list[float], teacher: list[float], coef: float
+) -> list[float]:
+    """Per-token advantages where a teacher scored a trained token; empty otherwise (every
+    token then gets `advantage`)."""
+    if not any(m and not math.isnan(t) for m, t in zip(mask, teacher, strict=True)):
+        return []
+    terms_T = teacher_advantages(
+        torch.tensor(teacher, dtype=torch.float64), torch.tensor(old, dtype=torch.float64), coef
+    )
+    mask_T = torch.tensor(mask, dtype=torch.float64)
+    return (mask_T * (advantage + terms_T)).tolist()
 
 
 MIN_SHARED_TOKENS = 8
@@ -328,7 +360,10 @@ def _row(units: list[SharedPrefix]) -> PackedRow:
         positions.extend(range(start, len(s.token_ids)))
         mask.extend(s.sampled_mask[start:])
         old.extend(s.old_logprobs[start:])
-        advantages.extend([s.advantage] * (len(s.token_ids) - start))
+        if s.token_advantages:
+            advantages.extend(s.token_advantages[start:])
+        else:
+            advantages.extend([s.advantage] * (len(s.token_ids) - start))
         segments.append((first, len(ids), *context))
 
     for unit in units:

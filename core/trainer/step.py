@@ -87,7 +87,10 @@ def collect_sequences(
     groups: list[TrajectoryGroup], config: TrainConfig
 ) -> tuple[list[TrainSequence], int, int]:
     """The training sequences of `groups`, the groups skipped for having no reward
-    variance, and the trajectories trained on."""
+    variance (and no teacher signal), and the trajectories trained on.
+
+    A token's advantage is `reward_coef` x its group's advantage, plus the teacher's
+    per-token term where a teacher scored it (objective.py `teacher_advantages`)."""
     sequences: list[TrainSequence] = []
     skipped = 0
     trajectories = 0
@@ -95,13 +98,14 @@ def collect_sequences(
         if not group.trajectories:
             continue
         rewards_G = torch.tensor(group.rewards, dtype=torch.float32)
-        advantages_G = group_advantages(rewards_G, config.scale_rewards)
+        advantages_G = config.reward_coef * group_advantages(rewards_G, config.scale_rewards)
         # Sequences are built even for skipped groups: bad data fails loudly either way.
         built = [
-            build_sequences(t, float(a))
+            build_sequences(t, float(a), teacher_coef=config.teacher_coef)
             for t, a in zip(group.trajectories, advantages_G, strict=True)
         ]
-        if torch.all(advantages_G.abs() < 1e-8):
+        taught = any(abs(a) >= 1e-8 for per in built for s in per for a in s.token_advantages)
+        if torch.all(advantages_G.abs() < 1e-8) and not taught:
             skipped += 1
             continue
         trajectories += len(group.trajectories)

@@ -171,6 +171,11 @@ class SampledChoice(Record):
     `client`). Filled from `policy` when not given, so files written before it existed
     load the same. The trainer drops samples more than `TrainConfig.max_staleness`
     versions older than the model being trained (staleness.py)."""
+    teacher_logprobs: list[float] | None = None
+    """A teacher's log-probability of each sampled token, one per `token_ids`, written by
+    on-policy distillation (`rlcoach.Teacher`, docs/distillation.md); None when no
+    teacher scored the choice. The trainer adds `teacher_coef * (teacher - sampler)` to
+    each token's advantage (the reverse KL to the teacher)."""
     started_at: float | None = None
     """Unix time the policy endpoint received the request (None if not recorded)."""
     latency_s: float | None = None
@@ -192,6 +197,12 @@ class SampledChoice(Record):
                 f"a sampled choice has {len(self.token_ids)} token ids but "
                 f"{len(self.logprobs)} logprobs; they must pair one to one — record the "
                 "choice through the policy endpoint, which returns both"
+            )
+        if self.teacher_logprobs is not None and len(self.teacher_logprobs) != len(self.token_ids):
+            raise ValueError(
+                f"a sampled choice has {len(self.token_ids)} token ids but "
+                f"{len(self.teacher_logprobs)} teacher log-probs; a teacher scores every "
+                "sampled token once — score the trajectory with `Teacher.score`"
             )
         if any(not 0 <= index < len(self.token_ids) for index in self.forced):
             raise ValueError(
