@@ -70,6 +70,17 @@ def summarize(groups: list[TrajectoryGroup]) -> dict[str, float]:
     def mean(key: str) -> float:
         return sum(t.metrics.get(key, 0.0) for t in trajectories) / total if total else 0.0
 
+    # -log p of each sampled token (a constraint's forced tokens excluded): the policy's
+    # sampling entropy, as estimated on its own samples. A warm-up that drives it to ~0
+    # has learned its examples by heart, and GRPO's groups then barely differ.
+    nll = [
+        -p
+        for t in trajectories
+        for h in t.histories()
+        for c in h.choices
+        for i, p in enumerate(c.logprobs)
+        if p == p and i not in c.forced
+    ]
     calls = sum(t.metrics.get("tool_calls", 0.0) for t in trajectories)
     bad = sum(
         t.metrics.get("tool_errors", 0.0) + t.metrics.get("invalid_calls", 0.0)
@@ -86,6 +97,7 @@ def summarize(groups: list[TrajectoryGroup]) -> dict[str, float]:
         "invalid_call_rate": sum(t.metrics.get("invalid_calls", 0.0) for t in trajectories) / calls
         if calls
         else 0.0,
+        "sampled_nll": sum(nll) / len(nll) if nll else 0.0,
     }
 
 
