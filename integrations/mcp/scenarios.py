@@ -163,24 +163,11 @@ def worked_examples(
     """SFT records from grounded scenarios: the system prompt, the request, the recorded
     calls (two for a chained task) each with the server's answer (cut as the agent cuts
     it), and a reply with the key facts. Framed as the agent frames a task, with the
-    tools it offers.
-
-    One example per distinct call (`metadata["call"]`; the first scenario written from
-    it): rewordings of one call share its answer, and an SFT that sees the same answer
-    once per rewording learns the answer by heart (measured on a SQL server: 10 of 17
-    training scenarios were rewordings of two `describe_table` calls, and after the
-    warm-up the policy answered held-out tables with those two tables' columns). The
-    rewordings stay for GRPO, whose reward is read from the live tool result."""
+    tools it offers."""
     out: list[ChatRecord] = []
-    seen: set[str] = set()
     for index, record in enumerate(r for r in records if answer_facts(r)):
         if len(out) >= limit:
             break
-        call = record.metadata.get("call")
-        if isinstance(call, str):
-            if call in seen:
-                continue
-            seen.add(call)
         steps = _steps(record)
         if any(step["tool"] not in tools.schemas for step in steps):
             continue
