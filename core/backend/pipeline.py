@@ -41,7 +41,11 @@ stops once `patience` evaluations in a row brought no new best, and at the end t
 validated checkpoint is served again (`model.restore`, a new step) if a later one scored
 lower — so the steps a run adds never leave the model below the best it reached. The
 scores are on the returned steps (`PipelineStep.validation`) and on the run
-(`PipelineRun.baseline`, `best_step`, `best_score`, `restored_from`).
+(`PipelineRun.baseline`, `best_step`, `best_score`, `restored_from`). A score is a
+number, or a tuple of numbers compared in order (success, then reward to break its
+ties, say); with `plateau_stops=False` only a score below the best counts toward
+`patience` (a tie neither counts nor resets it), for held-out sets small enough that
+equal scores are common and say nothing about a fall.
 
 Resume: indices start at the model's step, which `register` restores from the latest
 checkpoint, so a restarted run continues where the last completed step left it (a
@@ -65,12 +69,16 @@ if TYPE_CHECKING:
     from rlcoach.rollout.teacher import Teacher
     from rlcoach.trajectory.trajectories import TrajectoryGroup
 
-__all__ = ["BatchFn", "PipelineRun", "PipelineStep", "Validation", "run_pipeline"]
+__all__ = ["BatchFn", "PipelineRun", "PipelineStep", "Score", "Validation", "run_pipeline"]
 
 logger = logging.getLogger(__name__)
 
 BatchFn = Callable[[int], Awaitable["list[TrajectoryGroup]"]]
 """Samples the batch for a step index: an async function returning scored groups."""
+
+Score = float | tuple[float, ...]
+"""A held-out score, higher is better: a number, or numbers compared in order (the first
+decides, the next break its ties)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +102,7 @@ class PipelineStep:
     """`time.perf_counter()` marks: when the batch's rollouts ran and its step trained
     (a timeline of the loop: the trainer waited from the previous `train_end` to this
     `train_start`)."""
-    validation: float | None = None
+    validation: Score | None = None
     """The held-out score of the step this one committed, where it was validated."""
 
     @property
@@ -115,9 +123,9 @@ class PipelineStep:
 class Validation:
     """Held-out evaluation inside the loop: keep the best checkpoint, stop when it falls."""
 
-    evaluate: Callable[[], Awaitable[float]]
+    evaluate: Callable[[], Awaitable[Score]]
     """The held-out score of the step served now (higher is better): success on a
-    held-out split, say."""
+    held-out split, say, or (success, reward)."""
     every: int = 1
     """Validate after every `every`-th committed step (and after the last one)."""
     patience: int | None = None
@@ -125,18 +133,22 @@ class Validation:
     keep_best: bool = True
     """At the end, serve the best validated checkpoint again if the last scored lower."""
     min_delta: float = 0.0
-    """A score must beat the best by more than this to count as a new best."""
+    """A score must beat the best by more than this to count as a new best (for a tuple:
+    its first number; the rest break ties of the first)."""
+    plateau_stops: bool = True
+    """A score equal to the best (within `min_delta`) counts toward `patience`; False:
+    only one below it counts, and a tie neither counts nor resets the count."""
 
 
 class PipelineRun(list[PipelineStep]):
     """The steps of a run (a list, as before), and what validation found."""
 
-    baseline: float | None = None
+    baseline: Score | None = None
     """The held-out score before the first step."""
     best_step: int | None = None
     """The step with the best held-out score (the model's step before the run, if none
     beat it)."""
-    best_score: float | None = None
+    best_score: Score | None = None
     restored_from: int | None = None
     """The checkpoint served again at the end (keep-best), if any."""
 
@@ -269,19 +281,21 @@ class _Best:
     async def start(self, model: TrainableModel) -> None:
         assert self.validation is not None
         score = await self.validation.evaluate()
+        _parts(score)  # a malformed score fails before any step trains
         self.run.baseline = self.run.best_score = score
         self.run.best_step = model.step
-        logger.info("held-out score of %s before the run: %.4f", model.served_name, score)
+        logger.info("held-out score of %s before the run: %s", model.served_name, score)
 
-    async def check(self, model: TrainableModel) -> float:
+    async def check(self, model: TrainableModel) -> Score:
         assert self.validation is not None and self.run.best_score is not None
         score = await self.validation.evaluate()
-        if score > self.run.best_score + self.validation.min_delta:
+        order = _compare(score, self.run.best_score, self.validation.min_delta)
+        if order > 0:
             self.run.best_score, self.run.best_step, self.stale = score, model.step, 0
-        else:
+        elif order < 0 or self.validation.plateau_stops:
             self.stale += 1
         logger.info(
-            "held-out score of %s: %.4f (best %.4f at step %s)",
+            "held-out score of %s: %s (best %s at step %s)",
             model.served_name,
             score,
             self.run.best_score,
@@ -297,7 +311,7 @@ class _Best:
             return
         if best == 0:  # the base weights have no checkpoint to restore
             logger.warning(
-                "no step beat the base model on held-out data (%.4f); %s stays served",
+                "no step beat the base model on held-out data (%s); %s stays served",
                 self.run.best_score,
                 model.served_name,
             )
@@ -305,3 +319,23 @@ class _Best:
         await model.restore(best)
         self.run.restored_from = best
         logger.info("serving checkpoint %d again as %s (best on held-out)", best, model.served_name)
+
+
+def _compare(score: Score, best: Score, min_delta: float) -> int:
+    """1 when `score` beats `best` (its first number by more than `min_delta`, or equal
+    within it and the rest higher), -1 when it is below, 0 for a tie."""
+    first, rest = _parts(score)
+    best_first, best_rest = _parts(best)
+    if first > best_first + min_delta:
+        return 1
+    if first < best_first - min_delta:
+        return -1
+    return (rest > best_rest) - (rest < best_rest)
+
+
+def _parts(score: Score) -> tuple[float, tuple[float, ...]]:
+    if isinstance(score, tuple):
+        if not score:
+            raise ConfigError("Validation.evaluate returned an empty tuple; return a number")
+        return score[0], score[1:]
+    return score, ()

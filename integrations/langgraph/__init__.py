@@ -10,6 +10,10 @@
         scope.reward = my_reward(state)
     trajectory = scope.trajectory                   # every policy call, exact tokens
 
+`train_graph(policy, tasks, attempt)` runs the whole loop on such an `attempt`: train
+and held-out splits, an optional SFT warm-up, GRPO with held-out validation (keep-best,
+early stop) and a base -> SFT -> RL report (`training.py`).
+
 Nodes that should stay on a fixed model get `chat_model(Model(...))`: those calls are
 not recorded, so only the policy's calls are trained.
 """
@@ -21,5 +25,21 @@ from rlcoach.integrations.langgraph.scope import (
     rollout_fn,
     to_openai_messages,
 )
+from rlcoach.integrations.langgraph.training import (
+    GraphTrainConfig,
+    GraphTrainReport,
+    HeldOutPoint,
+    train_graph,
+)
 
-__all__ = ["GraphRollout", "chat_model", "rollout", "rollout_fn", "to_openai_messages"]
+__all__ = [
+    "GraphRollout",
+    "GraphTrainConfig",
+    "GraphTrainReport",
+    "HeldOutPoint",
+    "chat_model",
+    "rollout",
+    "rollout_fn",
+    "to_openai_messages",
+    "train_graph",
+]

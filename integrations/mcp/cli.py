@@ -241,7 +241,7 @@ def train(
     judge_model: str | None = None,
     judge_key_env: str | None = None,
     judge_weight: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.5,
-    learning_rate: Annotated[float, typer.Option(min=0.0)] = 1e-3,
+    learning_rate: Annotated[float, typer.Option(min=0.0)] = 2e-4,
     eval_every: Annotated[
         int, typer.Option(min=0, help="Evaluate held out every N RL steps (0: after the last).")
     ] = 2,

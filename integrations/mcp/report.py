@@ -83,11 +83,11 @@ def _curve_lines(report: dict[str, Any]) -> list[str]:
             "",
             "## Held-out curve (base -> SFT -> RL)",
             "",
-            "| model step | after | success | reward | best |",
-            "|---|---|---|---|---|",
+            "| model step | after | success | reward | sampled NLL / token | best |",
+            "|---|---|---|---|---|---|",
             *(
                 f"| {p['step']} | {p['label']} | {p['success']:.3f} | {p['reward']:.3f} | "
-                f"{'yes' if p == best else ''} |"
+                f"{p.get('sampled_nll', 0.0):.3f} | {'yes' if p == best else ''} |"
                 for p in curve
             ),
             "",

@@ -21,6 +21,7 @@ import contextlib
 import json
 import random
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from rlcoach.autorl.grounded import answer_facts, split_by_call
 from rlcoach.autorl.split import load_records, save_dataset
 from rlcoach.autorl.types import InputRecord
 from rlcoach.backend.local import LocalBackend
+from rlcoach.backend.pipeline import PipelineRun, PipelineStep, Validation, run_pipeline
 from rlcoach.errors import ConfigError
 from rlcoach.integrations.mcp.agent import (
     Check,
@@ -68,6 +70,17 @@ def summarize(groups: list[TrajectoryGroup]) -> dict[str, float]:
     def mean(key: str) -> float:
         return sum(t.metrics.get(key, 0.0) for t in trajectories) / total if total else 0.0
 
+    # -log p of each sampled token (a constraint's forced tokens excluded): the policy's
+    # sampling entropy, as estimated on its own samples. A warm-up that drives it to ~0
+    # has learned its examples by heart, and GRPO's groups then barely differ.
+    nll = [
+        -p
+        for t in trajectories
+        for h in t.histories()
+        for c in h.choices
+        for i, p in enumerate(c.logprobs)
+        if p == p and i not in c.forced
+    ]
     calls = sum(t.metrics.get("tool_calls", 0.0) for t in trajectories)
     bad = sum(
         t.metrics.get("tool_errors", 0.0) + t.metrics.get("invalid_calls", 0.0)
@@ -84,6 +97,7 @@ def summarize(groups: list[TrajectoryGroup]) -> dict[str, float]:
         "invalid_call_rate": sum(t.metrics.get("invalid_calls", 0.0) for t in trajectories) / calls
         if calls
         else 0.0,
+        "sampled_nll": sum(nll) / len(nll) if nll else 0.0,
     }
 
 
@@ -240,46 +254,52 @@ async def _reinforce(
     check: Check,
     train: list[InputRecord],
     hook: Any,
-    curve: HeldOutCurve,
-    evaluate: Any,
+    validation: Validation,
     paths: RunPaths,
-) -> tuple[list[dict[str, Any]], bool]:
-    """`config.steps` GRPO steps, the held-out split evaluated every `eval_every` of them
-    and after the last; stops early when it falls (`selection.HeldOutCurve`). Returns the
-    steps' rows and whether it stopped early."""
+) -> tuple[list[dict[str, Any]], PipelineRun]:
+    """`config.steps` GRPO steps through core's `run_pipeline`, validated on the held-out
+    split (keep-best, early stop: `validation`); each batch refilled by dynamic sampling.
+    Returns the steps' rows and the run."""
+    rows: dict[int, dict[str, Any]] = {}
     steps: list[dict[str, Any]] = []
     batches = iterate_dataset(
         train, config.scenarios_per_step, epochs=1000, seed=config.seed, initial_step=model.step
     )
-    for done, batch in enumerate(batches, start=1):
-        if done > config.steps:
-            break
-        label = f"step {done}/{config.steps} rollouts"
-        groups = await _rollouts(
-            model, config, server, found, check, batch.items, config.group_size, label, hook
-        )
-        spare = [r for r in train if r not in batch.items]
-        random.Random(config.seed * 100_003 + batch.step).shuffle(spare)
+
+    async def batch(index: int) -> list[TrajectoryGroup]:
+        drawn = next(batches)
+        label = f"step {drawn.step + 1 - first}/{config.steps} rollouts"
+        sample = partial(_rollouts, model, config, server, found, check)
+        groups = await sample(drawn.items, config.group_size, label, hook)
+        spare = [r for r in train if r not in drawn.items]
+        random.Random(config.seed * 100_003 + drawn.step).shuffle(spare)
         gathered = list(groups)
         for _ in range(config.refill_rounds):
             flat = [g for g in groups if not _varied(g)]
             if not flat or not spare:
                 break
             extra, spare = spare[: len(flat)], spare[len(flat) :]
-            more = await _rollouts(
-                model, config, server, found, check, extra, config.group_size, label, hook
-            )
+            more = await sample(extra, config.group_size, label, hook)
             gathered += more
             groups = [g for g in groups if _varied(g)] + more
         varied = [g for g in groups if _varied(g)]
-        row: dict[str, Any] = {
-            "step": batch.step + 1,
+        rows[index] = {
+            "step": drawn.step + 1,
             **summarize(gathered),
             "groups_varied": len(varied),
             "groups_sampled": len(gathered),
         }
-        result = await model.train(varied or groups)
-        row.update(trained=result.stats.trained, loss=result.stats.loss, served=model.served_name)
+        return varied or groups
+
+    def on_step(step: PipelineStep) -> None:
+        row = rows.pop(step.index)
+        stats = step.result.stats if step.result is not None else None
+        row.update(
+            trained=bool(stats and stats.trained),
+            loss=stats.loss if stats else None,
+            served=model.served_name,
+            **({"error": step.error} if step.error else {}),
+        )
         steps.append(row)
         append_jsonl(paths.metrics, {"event": "mcp_step", **row})
         _log(
@@ -289,50 +309,32 @@ async def _reinforce(
             + (
                 f"loss {row['loss']:+.4f}  serving {row['served']}"
                 if row["trained"]
+                else f"failed: {step.error}"
+                if step.error
                 else "skipped: equal rewards in every group"
             )
         )
-        due = config.eval_every and done % config.eval_every == 0
-        if (due or done == config.steps) and model.step != curve.points[-1]["step"]:
-            result_now = await evaluate(f"step{model.step}", f"at model step {model.step}")
-            curve.add(model.step, f"RL {done}", result_now)
-            if curve.falling and done < config.steps:
-                _log(
-                    f"stopping early after {done} RL steps: held-out success fell below the "
-                    f"best ({curve.best['success']:.3f} at model step {curve.best['step']}) "
-                    f"in {curve.behind} evaluations since"
-                )
-                return steps, True
-    return steps, False
 
-
-async def _serve_best(
-    model: TrainableModel,
-    backend: Any,
-    config: MCPTrainConfig,
-    curve: HeldOutCurve,
-    evaluate: Any,
-) -> tuple[dict[str, float], int | None]:
-    """(the held-out result of the model served at the end, the step restored or None):
-    the best checkpoint by held-out success becomes the latest when it is not."""
-    best = curve.best
-    assert best is not None
-    if config.keep_best and 0 < best["step"] < model.step:
-        restored = best["step"]
-        await model.restore(restored)
+    first = model.step
+    run = await run_pipeline(
+        model, batch, first + config.steps, on_step=on_step, validation=validation
+    )
+    if len(run) < config.steps:
         _log(
-            f"keeping the best: model step {restored} ({best['label']}, held-out success "
-            f"{best['success']:.3f}) is served again as {model.served_name}"
+            f"stopped early after {len(run)} RL steps: held-out success fell below the best "
+            f"({run.best_score}, model step {run.best_step}) {config.patience} times"
         )
-        return await evaluate("after", "after training (the best checkpoint)"), restored
-    if config.keep_best and best["step"] == 0 and model.step > 0:
+    if run.restored_from is not None:
+        _log(
+            f"keeping the best: model step {run.restored_from} is served again as "
+            f"{model.served_name}"
+        )
+    elif config.keep_best and run.best_step == 0 and model.step > 0:
         _log(
             "no trained checkpoint did better than the base model on the held-out split; "
             f"serving the last one ({model.served_name}): see the curve in the report"
         )
-    # a fresh evaluation even when the curve's last point is this step: the best point is
-    # the highest of several noisy ones, and the report's final number should not be
-    return await evaluate("after", "after training"), None
+    return steps, run
 
 
 async def train_on_server(
@@ -377,21 +379,31 @@ async def train_on_server(
         paths = backend.paths(model)
         _save_inputs(config, found, explored, train, held_out, usage, paths)
         evaluate = _evaluator(model, config, server, found, check, held_out, paths)
-        before = await evaluate("before", "before training")
-        curve = HeldOutCurve(patience=config.patience)
-        curve.add(model.step, "before", before)
+        curve = HeldOutCurve(evaluate, model)
+        before = await curve.add("before", "before", "before training")
         warmup = None
         epochs = config.warmup_epochs
         if epochs is None:  # auto: only a model that (almost) never succeeds needs it
             epochs = config.auto_warmup_epochs if before["success"] < config.warmup_below else 0
         if epochs and model.step == 0:
             warmup = await _warm_up(model, config, found, train, epochs)
-            warmup["eval"] = await evaluate("warmup", "after the SFT warm-up")
-            curve.add(model.step, "SFT", warmup["eval"])
-        steps, stopped = await _reinforce(
-            model, config, server, found, check, train, hook, curve, evaluate, paths
+            warmup["eval"] = await curve.add("warmup", "SFT", "after the SFT warm-up")
+        curve.first_rl = model.step
+        validation = Validation(
+            curve.score,
+            every=config.eval_every or max(config.steps, 1),
+            patience=config.patience,
+            keep_best=config.keep_best,
+            plateau_stops=False,  # a few held-out tasks tie often; only a fall counts
         )
-        after, restored = await _serve_best(model, backend, config, curve, evaluate)
+        steps, run = await _reinforce(
+            model, config, server, found, check, train, hook, validation, paths
+        )
+        # a fresh evaluation even when the curve's last point is this step: the best point
+        # is the highest of several noisy ones, and the report's final number should not be
+        after = await evaluate(
+            "after", "after training" + (" (the best checkpoint)" if run.restored_from else "")
+        )
         latest = paths.latest_checkpoint()
     report = _report(
         config, found, explored, train, held_out, check, model, paths, usage, started
@@ -401,9 +413,9 @@ async def train_on_server(
         "eval_after": after,
         "steps": steps,
         "held_out_curve": curve.points,
-        "best": curve.best,
-        "restored_from_step": restored,
-        "stopped_early": stopped,
+        "best": curve.at(run.best_step),
+        "restored_from_step": run.restored_from,
+        "stopped_early": len(run) < config.steps,
         "lora": str(latest[1]) if latest else None,
     }
     write_text_atomic(paths.dir / "report.json", json.dumps(report, indent=2) + "\n")

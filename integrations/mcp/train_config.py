@@ -81,7 +81,13 @@ class MCPTrainConfig(Config):
     judge_weight: float = Field(0.5, ge=0.0, le=1.0)
     check: str | None = None
     """`module:function` scoring an `AgentRun` in [0, 1]; default `grounded_check`."""
-    learning_rate: float = Field(1e-3, gt=0.0)
+    learning_rate: float = Field(2e-4, gt=0.0)
+    """The RL steps' (GRPO) learning rate, a fifth of the warm-up's: Adam moves every
+    LoRA weight by about the learning rate whatever the gradient's size, and a GRPO step
+    after the warm-up has a few groups of signal (measured on a SQL server at 1e-3:
+    held-out reward fell at every step, 0.407 -> 0.237 in four, and calls to tools that
+    do not exist came back, while the training batches' reward held at 0.37-0.55 and
+    the gradient norm stayed at 0.08-0.15: each step fitted its few training calls)."""
     eval_every: int = Field(2, ge=0)
     """Evaluate the held-out split every this many RL steps (and after the last); 0: only
     after the last. The best checkpoint by held-out success is kept (`keep_best`)."""

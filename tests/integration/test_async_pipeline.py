@@ -10,6 +10,7 @@ samples dropped, a step failing while the next batch samples, and resume after a
 """
 
 import json
+from typing import Any
 
 import pytest
 
@@ -214,5 +215,34 @@ async def test_validation_keeps_the_best_checkpoint_and_stops_when_it_falls(
         await model.restore(9)
 
 
-async def _score(scores: dict[int, float], model: TrainableModel) -> float:
+async def test_validation_compares_tuples_and_lets_a_plateau_run_on(backend, tiny_chat_model):
+    """(success, reward) scores: the first number decides, the second breaks its ties;
+    with `plateau_stops=False` a tie neither counts toward `patience` nor resets it
+    (scripted scores by step; the steps, the stop and the restore are real)."""
+    model = TrainableModel("plateau", "pipeline", base_model=str(tiny_chat_model), config=CONFIG)
+    await model.register(backend)
+    scores = {
+        0: (0.0, 0.1),
+        1: (0.5, 0.6),
+        2: (0.5, 0.6),  # a tie: the earlier step stays best, and no fall is counted
+        3: (0.5, 0.7),  # the same success with more reward: a new best
+        4: (0.25, 0.7),  # a fall (1)
+        5: (0.5, 0.7),  # a tie again: still one fall
+        6: (0.375, 0.9),  # a fall (2): stop
+        7: (1.0, 1.0),
+    }
+    validation = Validation(lambda: _score(scores, model), patience=2, plateau_stops=False)
+    run = await run_pipeline(model, Batches(model), until_step=8, validation=validation)
+    assert [s.validation for s in run] == [scores[step] for step in range(1, 7)]
+    assert (run.baseline, run.best_step, run.best_score) == ((0.0, 0.1), 3, (0.5, 0.7))
+    assert run.restored_from == 3 and model.step == 7
+    with pytest.raises(ConfigError, match="empty tuple"):
+        await run_pipeline(model, Batches(model), 8, validation=Validation(_empty))
+
+
+async def _empty() -> tuple[float, ...]:
+    return ()
+
+
+async def _score(scores: dict[int, Any], model: TrainableModel) -> Any:
     return scores[model.step]

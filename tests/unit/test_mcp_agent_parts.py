@@ -17,7 +17,7 @@ from rlcoach.integrations.mcp.agent import (
 from rlcoach.integrations.mcp.cli import read_examples, server_spec
 from rlcoach.integrations.mcp.discovery import load_check
 from rlcoach.integrations.mcp.train import summarize
-from rlcoach.trajectory.trajectories import Trajectory, TrajectoryGroup
+from rlcoach.trajectory.trajectories import SampledChoice, Trajectory, TrajectoryGroup
 
 
 def test_example_arguments_prefer_what_the_schema_says():
@@ -78,6 +78,20 @@ def test_summarize_counts_failures_as_unsuccessful_and_rates_per_call():
     s = summarize([group])
     assert s["rollouts"] == 3 and s["failed"] == 1
     assert s["success"] == pytest.approx(1 / 3) and s["tool_error_rate"] == 0.5
+    assert s["sampled_nll"] == 0.0  # no sampled tokens recorded
+
+
+def test_summarize_reports_the_sampled_tokens_mean_negative_log_probability():
+    choice = SampledChoice(
+        message={"role": "assistant", "content": "ab"},
+        policy="agent@1",
+        prompt_token_ids=[1],
+        token_ids=[5, 6, 7],
+        logprobs=[-0.5, -1.5, -9.0],
+        forced=[2],  # a constraint's token: not the policy's choice
+    )
+    sampled = Trajectory(reward=0.5, choices=[choice], metrics={"success": 0.0})
+    assert summarize([TrajectoryGroup([sampled])])["sampled_nll"] == pytest.approx(1.0)
 
 
 def test_server_options_need_exactly_one_transport_and_well_formed_pairs():
