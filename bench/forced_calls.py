@@ -33,6 +33,7 @@ import jsonschema
 from tool_schemas import QUESTIONS, TOOLS, tool
 
 from rlcoach import LocalBackend
+from rlcoach.endpoint.call_grammar import forced_call
 
 
 def requests(count: int, max_tokens: int) -> list[dict[str, Any]]:
@@ -137,6 +138,9 @@ async def main() -> None:
         print(f"{args.model}: engine up in {time.perf_counter() - started:.0f} s")
         gateway, engine = backend.gateway, backend.engine
         assert gateway is not None and engine is not None
+        parser = getattr(engine, "tool_call_parser", None)
+        sizes, _ = forced_call(bodies[0], parser, args.max_tokens).plan()
+        print(f"{args.model}: {parser} envelope; free-value size k by tool: {sizes}")
         client = AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
 
         async def endpoint(body: dict[str, Any]) -> dict[str, Any]:

@@ -13,18 +13,24 @@ requires, every optional one, each value at its longest — fits the budget:
   text, so a reply held to them ends with the end of turn before the budget is spent;
 - a bound the schema sets itself is kept when it is tighter; one the schema needs (a
   `minLength`, `minItems`) is never cut below;
-- free values share one size `k`, the largest that fits: a string holds at most `k`
-  characters (up to 4 bytes each), an array `k // 4` items (at least one), an integer
-  up to `min(k, 15)` digits, a number the same with up to 6 decimals (xgrammar's bounded
-  number), an open object `k // 8` further properties whose names hold `k` characters;
+- a tool's free values share one size `k`, the largest with which its call fits the
+  budget (its share, where a reply may make several calls; at most `MAX_SIZE`): a
+  string holds at most `k` characters (up to 4 bytes each), an array `k // 4` items (at
+  least one), an integer up to `min(k, 15)` digits, a number the same with up to 6
+  decimals (xgrammar's bounded number), an open object `k // 8` further properties
+  whose names hold `k` characters;
 - a value the schema leaves open (no `type`) is held to a JSON scalar or a flat list or
   object of scalars.
 
-What a bounded string cannot hold: xgrammar writes a string with `maxLength` without
-escapes, so its text has no `"`, `\\` or newline. A string `format` that is open-ended
-(`email`, `uri`, `hostname`, ...) or a `pattern` is the schema's own and is not bounded
-here: it is counted at `k` characters, and a model that writes it longer can still be
-cut (`finish_reason="length"`, as any cut reply).
+What a bounded string cannot hold: xgrammar bounds a string's length only without
+escapes, so its text has no `"`, `\\`, newline or other control character (held out by a
+`pattern`: its `maxLength` lets raw control characters through, which JSON forbids). A
+string `format` that is open-ended (`email`, `uri`, `hostname`, ...) or the schema's own
+`pattern` is not bounded here: it is counted at `k` characters, and a model that writes
+it longer can still be cut (`finish_reason="length"`, as any cut reply).
+
+A tool whose shortest call does not fit the budget is left out of a `required` choice
+when another fits; a named tool that does not fit is sampled anyway and cut.
 """
 
 from __future__ import annotations

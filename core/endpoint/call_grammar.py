@@ -163,12 +163,10 @@ class ForcedCall:
                 "separator": separator,
                 "at_least_one": True,
             }
-        elif (most or 1) > 1:
+        elif most is not None and most > 1:
             more = {"type": "sequence", "elements": [_const(separator), one]}
-            calls = {
-                "type": "sequence",
-                "elements": [one, {"type": "repeat", "min": 0, "max": most - 1, "content": more}],
-            }
+            repeat = {"type": "repeat", "min": 0, "max": most - 1, "content": more}
+            calls = {"type": "sequence", "elements": [one, repeat]}
         else:
             calls = one
         if before or after:
