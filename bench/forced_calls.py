@@ -91,6 +91,7 @@ async def run_path(
     reply's message and finish reason go to `failures`."""
     limit = asyncio.Semaphore(concurrency)
     seen: Counter = Counter()
+    examples: dict[str, str] = {}
 
     async def one(index: int, body: dict[str, Any]) -> str:
         async with limit:
@@ -100,6 +101,10 @@ async def run_path(
                 return f"error: {type(e).__name__}: {str(e)[:80]}"
         found = verdict(body, response)
         seen[found == "valid"] += 1
+        if found == "valid":  # one call of each tool, to show what the bounds leave
+            for call in response["choices"][0]["message"]["tool_calls"]:
+                function = call["function"]
+                examples.setdefault(function["name"], function["arguments"])
         # progress on stderr: a run cut short still says how far it got
         print(f"{seen[True]} valid of {sum(seen.values())}", file=sys.stderr, flush=True)
         if found != "valid":
@@ -114,7 +119,10 @@ async def run_path(
             )
         return found
 
-    return Counter(await asyncio.gather(*(one(i, b) for i, b in enumerate(bodies))))
+    verdicts = Counter(await asyncio.gather(*(one(i, b) for i, b in enumerate(bodies))))
+    for name, arguments in sorted(examples.items()):
+        print(f"  e.g. {name}({arguments})")
+    return verdicts
 
 
 async def main() -> None:

@@ -103,15 +103,21 @@ class ForcedCall:
         begin, end, separator, before, after = self._envelope()
         room = self.budget - 1 - _bytes(before + after)  # 1: the end of turn
         most = 1 if self.single else min(len(self.tools), MAX_CALLS)
-        for calls in range(most, 0, -1):
+
+        def sizes_for(calls: int) -> dict[str, int]:
             share = (room - (calls - 1) * _bytes(separator)) // calls
-            sizes = {
+            return {
                 name: _largest(_bytes(begin.replace("{name}", name) + end), schema, share)
                 for name, schema in self.tools
             }
-            sizes = {name: k for name, k in sizes.items() if k >= 0}
-            if sizes and (min(sizes.values()) >= ROOMY or calls == 1):
-                return sizes, calls
+
+        alone = {name: k for name, k in sizes_for(1).items() if k >= 0}
+        if alone:  # the tools a reply of one call can make; several where each keeps room
+            for calls in range(most, 1, -1):
+                shared = sizes_for(calls)
+                if all(shared[name] >= ROOMY for name in alone):
+                    return {name: shared[name] for name in alone}, calls
+            return alone, 1
         return {name: 0 for name, _ in self.tools}, 1
 
     @property

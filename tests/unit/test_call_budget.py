@@ -127,3 +127,21 @@ def test_no_budget_no_bounds_and_several_calls_where_they_fit():
     assert calls == 2 and min(sizes.values()) >= 16
     sizes, calls = forced_call(body, "hermes", 120).plan()
     assert calls == 1  # room for one call only: one call
+
+
+def test_required_keeps_every_tool_a_single_call_of_which_fits():
+    body = {"tools": [tool(t["name"]) for t in TOOLS], "tool_choice": "required"}
+    for parser in ("hermes", "pythonic", "llama3_json"):
+        for budget in (160, 512):
+            sizes, calls = forced_call(body, parser, budget).plan()
+            fitting = {
+                t["name"]
+                for t in TOOLS
+                if forced_call(
+                    {**body, "tool_choice": {"type": "function", "function": {"name": t["name"]}}},
+                    parser,
+                    budget,
+                ).closes
+            }
+            assert set(sizes) == fitting and len(fitting) >= 4, (parser, budget, sizes)
+            assert calls == 1  # several calls only where each keeps room
