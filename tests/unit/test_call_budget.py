@@ -43,11 +43,11 @@ def walk(engine_side, tag, budget: int, seed: int) -> tuple[bytes, int, bool]:
         words = bitmask[0].numpy().astype(np.uint32)
         allowed = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little"))
         allowed = allowed[allowed < len(sizes)]
-        free = [int(t) for t in allowed if int(t) not in stops]
-        if not free:
+        free = allowed[~np.isin(allowed, list(stops))]
+        if not len(free):
             return text, count + 1, True  # the end of turn: one token more
-        least = min(sizes[free])
-        token = rng.choice([t for t in free if sizes[t] == least])
+        fewest = free[sizes[free] == sizes[free].min()]
+        token = int(fewest[rng.randrange(len(fewest))])
         assert matcher.accept_token(token)
         text += vocab[token]
         count += 1
