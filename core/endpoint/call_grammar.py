@@ -20,7 +20,11 @@ Argument values follow the tool's schema (xgrammar's JSON-schema grammar: proper
 the schema's order, required ones present, no others), with at most one whitespace
 character in a row: the model's `{"a": 2, "b": 3}` is allowed, a run of blank lines is
 not (a small model can spend its whole budget on those). After the last call only the
-end of turn is allowed.
+end of turn is allowed. What could run on (strings, arrays, numbers) is bounded from the
+reply's token budget so that the calls close within it (call_budget.py, `plan`).
+
+`strict` tools without a forced choice (Hermes and Llama 3 JSON envelopes) get a
+triggered grammar: free text until the envelope opens, then a call held to its schema.
 
 The engine is asked with `tool_choice="none"`, so vLLM adds no grammar of its own and
 renders the same prompt (tools are still shown); the endpoint reads the calls out of the
@@ -170,9 +174,13 @@ class ForcedCall:
                 "at_least_one": True,
             }
         elif most is not None and most > 1:
-            more = {"type": "sequence", "elements": [_const(separator), one]}
-            repeat = {"type": "repeat", "min": 0, "max": most - 1, "content": more}
-            calls = {"type": "sequence", "elements": [one, repeat]}
+            calls = one  # up to `most` calls, as nested optional ones
+            for _ in range(most - 1):
+                more = {"type": "sequence", "elements": [_const(separator), calls]}
+                calls = {
+                    "type": "sequence",
+                    "elements": [one, {"type": "optional", "content": more}],
+                }
         else:
             calls = one
         if before or after:
