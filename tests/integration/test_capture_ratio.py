@@ -155,7 +155,7 @@ async def test_a_forced_tool_call_trains_only_the_free_tokens_in_one_sequence(
                 messages=QUESTION,
                 tools=[ADD],
                 tool_choice="required",
-                max_tokens=64,
+                max_tokens=96,  # room for the call at its longest (call_budget.py)
             )
             assert first.choices[0].message.tool_calls, first.choices[0]
             call = first.choices[0].message.tool_calls[0]
@@ -208,7 +208,8 @@ async def test_a_forced_tool_call_trains_only_the_free_tokens_in_one_sequence(
     # (elsewhere it allows other spellings of the same text, and the spelling is the
     # policy's). Free and trained: the argument values.
     pieces = [tokenizer.decode([t]) for t in ids]
-    skeleton = '<tool_call>\n{"name": "add", "arguments": {"a": , "b": }}\n</tool_call>'
+    # (and the end of turn: one call only is asked for, so after it nothing else)
+    skeleton = '<tool_call>\n{"name": "add", "arguments": {"a": , "b": }}\n</tool_call><|im_end|>'
     forced_pieces = [p for p, f in zip(pieces, forced_T, strict=True) if f]
     assert forced_pieces and all(p in skeleton for p in forced_pieces), forced_pieces
     digits = [i for i, p in enumerate(pieces) if p.strip().isdigit() and (mask_T[i] or forced_T[i])]
@@ -233,7 +234,7 @@ async def test_a_named_tool_call_under_the_endpoints_grammar(policy):
                 messages=[{"role": "user", "content": ask}],
                 tools=[ADD, alarm],
                 tool_choice={"type": "function", "function": {"name": "set_alarm"}},
-                max_tokens=128,
+                max_tokens=256,  # room for the call at its longest (call_budget.py)
             )
         [call] = reply.choices[0].message.tool_calls
         assert call.function.name == "set_alarm"
