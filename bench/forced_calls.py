@@ -1,19 +1,21 @@
 """Forced tool calls: how many of 100 come back as a call whose arguments fit the schema.
 
-    flock /tmp/rlcoach-cpu.lock .venv/bin/python bench/forced_calls.py --model smollm2-135m-instruct
-    flock /tmp/rlcoach-cpu.lock .venv/bin/python bench/forced_calls.py --model gemma3-270m
+    flock /tmp/rlcoach-heavy.lock timeout 600 \
+        .venv/bin/python bench/forced_calls.py --model smollm2-135m-instruct
+    flock /tmp/rlcoach-heavy.lock timeout 600 \
+        .venv/bin/python bench/forced_calls.py --model gemma3-270m
 
 Starts the real vLLM engine behind the policy endpoint (a `LocalBackend`) and sends the
 same 100 requests twice: through the endpoint (the OpenAI client, as user code does) and
 to the vLLM server directly (the same bodies on the engine's own socket, base model, no
-endpoint in between). The requests cycle over five tools (integers; a string and an
-enum; a nested object and an optional array; optional integers, string and boolean; a
-string, an enum, an optional number and boolean), half with `tool_choice="required"`
-(all five tools offered), half naming the tool (`tool_choice={"type": "function", ...}`),
-and every fourth with the tools marked `strict`. A call is valid when the reply has at
-least one tool call (`required`) or a call of the named tool, and every call's arguments
-parse as JSON and validate against the tool's schema (jsonschema). Sampling is at
-temperature 1.0, as in training, with `--max-tokens` (default 160).
+endpoint in between). The requests cycle over the five tools of bench/tool_schemas.py
+(integers; strings, enums, nested objects, an array, optional fields), half with
+`tool_choice="required"` (all five tools offered), half naming the tool
+(`tool_choice={"type": "function", ...}`), and every fourth with the tools marked
+`strict`. A call is valid when the reply has at least one tool call (`required`) or a
+call of the named tool, and every call's arguments parse as JSON and validate against
+the tool's schema (jsonschema). Sampling is at temperature 1.0, as in training, with
+`--max-tokens` (default 160).
 
 Prints one line per path: valid / 100, then a count of each kind of failure.
 """
@@ -28,107 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+from tool_schemas import QUESTIONS, TOOLS, tool
 
 from rlcoach import LocalBackend
-
-TOOLS: list[dict[str, Any]] = [
-    {
-        "name": "add",
-        "description": "Add two integers.",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-        },
-    },
-    {
-        "name": "get_weather",
-        "description": "The current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string"},
-                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city"],
-        },
-    },
-    {
-        "name": "create_event",
-        "description": "Put an event in the calendar.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "title": {"type": "string"},
-                "when": {
-                    "type": "object",
-                    "properties": {
-                        "date": {"type": "string"},
-                        "hour": {"type": "integer", "minimum": 0, "maximum": 23},
-                    },
-                    "required": ["date", "hour"],
-                },
-                "attendees": {"type": "array", "items": {"type": "string"}},
-            },
-            "required": ["title", "when"],
-        },
-    },
-    {
-        "name": "set_alarm",
-        "description": "Set an alarm.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "hour": {"type": "integer"},
-                "minute": {"type": "integer"},
-                "label": {"type": "string"},
-                "repeat_daily": {"type": "boolean"},
-            },
-        },
-    },
-    {
-        "name": "search_products",
-        "description": "Search the shop's products.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "query": {"type": "string"},
-                "category": {"type": "string", "enum": ["kitchen", "garden", "toys"]},
-                "max_price": {"type": "number"},
-                "in_stock": {"type": "boolean"},
-            },
-            "required": ["query", "category"],
-        },
-    },
-]
-
-QUESTIONS = {
-    "add": ["What is 2 + 3?", "Add 17 and 25.", "What is 120 plus 7?", "Sum 4 and 9."],
-    "get_weather": [
-        "What's the weather in Lisbon?",
-        "Is it cold in Oslo right now, in fahrenheit?",
-        "Weather for Tokyo, please.",
-        "How warm is it in Cairo?",
-    ],
-    "create_event": [
-        "Book a dentist appointment on 2026-12-09 at 10.",
-        "Add lunch with Ana and Rui on 2026-12-11 at 13.",
-        "Schedule a team sync tomorrow at 9.",
-        "Put 'call mum' in my calendar on Friday at 18.",
-    ],
-    "set_alarm": [
-        "Wake me up at 6:30.",
-        "Set an alarm for 7 every day.",
-        "Alarm at 22:15 labelled 'pills'.",
-        "Remind me at noon.",
-    ],
-    "search_products": [
-        "Find a kettle under 40 euros.",
-        "Do you have garden hoses in stock?",
-        "Show me toy cars.",
-        "I need a cheap frying pan.",
-    ],
-}
+from rlcoach.endpoint.call_grammar import forced_call
 
 
 def requests(count: int, max_tokens: int) -> list[dict[str, Any]]:
@@ -139,10 +44,7 @@ def requests(count: int, max_tokens: int) -> list[dict[str, Any]]:
         name = names[index % len(names)]
         question = QUESTIONS[name][(index // len(names)) % len(QUESTIONS[name])]
         strict = index % 4 == 3
-        tools = [
-            {"type": "function", "function": {**t, **({"strict": True} if strict else {})}}
-            for t in TOOLS
-        ]
+        tools = [tool(name, strict=strict) for name in names]
         named = index % 2 == 1
         choice: Any = {"type": "function", "function": {"name": name}} if named else "required"
         bodies.append(
@@ -189,6 +91,7 @@ async def run_path(
     reply's message and finish reason go to `failures`."""
     limit = asyncio.Semaphore(concurrency)
     seen: Counter = Counter()
+    examples: dict[str, str] = {}
 
     async def one(index: int, body: dict[str, Any]) -> str:
         async with limit:
@@ -198,6 +101,10 @@ async def run_path(
                 return f"error: {type(e).__name__}: {str(e)[:80]}"
         found = verdict(body, response)
         seen[found == "valid"] += 1
+        if found == "valid":  # one call of each tool, to show what the bounds leave
+            for call in response["choices"][0]["message"]["tool_calls"]:
+                function = call["function"]
+                examples.setdefault(function["name"], function["arguments"])
         # progress on stderr: a run cut short still says how far it got
         print(f"{seen[True]} valid of {sum(seen.values())}", file=sys.stderr, flush=True)
         if found != "valid":
@@ -212,7 +119,10 @@ async def run_path(
             )
         return found
 
-    return Counter(await asyncio.gather(*(one(i, b) for i, b in enumerate(bodies))))
+    verdicts = Counter(await asyncio.gather(*(one(i, b) for i, b in enumerate(bodies))))
+    for name, arguments in sorted(examples.items()):
+        print(f"  e.g. {name}({arguments})")
+    return verdicts
 
 
 async def main() -> None:
@@ -236,6 +146,9 @@ async def main() -> None:
         print(f"{args.model}: engine up in {time.perf_counter() - started:.0f} s")
         gateway, engine = backend.gateway, backend.engine
         assert gateway is not None and engine is not None
+        parser = getattr(engine, "tool_call_parser", None)
+        sizes, _ = forced_call(bodies[0], parser, args.max_tokens).plan()
+        print(f"{args.model}: {parser} envelope; free-value size k by tool: {sizes}")
         client = AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
 
         async def endpoint(body: dict[str, Any]) -> dict[str, Any]:

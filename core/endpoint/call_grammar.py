@@ -20,7 +20,11 @@ Argument values follow the tool's schema (xgrammar's JSON-schema grammar: proper
 the schema's order, required ones present, no others), with at most one whitespace
 character in a row: the model's `{"a": 2, "b": 3}` is allowed, a run of blank lines is
 not (a small model can spend its whole budget on those). After the last call only the
-end of turn is allowed.
+end of turn is allowed. What could run on (strings, arrays, numbers) is bounded from the
+reply's token budget so that the calls close within it (call_budget.py, `plan`).
+
+`strict` tools without a forced choice (Hermes and Llama 3 JSON envelopes) get a
+triggered grammar: free text until the envelope opens, then a call held to its schema.
 
 The engine is asked with `tool_choice="none"`, so vLLM adds no grammar of its own and
 renders the same prompt (tools are still shown); the endpoint reads the calls out of the
@@ -38,17 +42,29 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from rlcoach.endpoint.call_budget import MAX_SIZE, bounded_schema, worst_bytes
 from rlcoach.endpoint.schema_support import check_tool_schema
+from rlcoach.engines.stream import CompletionAssembler
 from rlcoach.errors import ToolSchemaError
 
-__all__ = ["ENVELOPES", "ForcedCall", "forced_call", "with_tool_calls"]
+__all__ = ["ENVELOPES", "TRIGGERS", "ForcedCall", "as_calls", "forced_call", "with_tool_calls"]
 
 ENVELOPES = ("hermes", "pythonic", "llama3_json")
 """The vLLM tool-call parsers whose envelope the endpoint can write a grammar for."""
 
+MAX_CALLS = 8
+"""The most calls one forced reply may make (fewer where the budget holds fewer)."""
+ROOMY = 16
+"""A reply may make several calls only where each still has this much room (`k`)."""
+
 _MAX_WHITESPACE = 1
 _CALL_HEAD = re.compile(r'\{"name": "((?:[^"\\]|\\.)*)", "(?:arguments|parameters)": ')
 _EMPTY_OBJECT = {"type": "object", "properties": {}}
+_OPEN_OBJECT = {"type": "object"}
+TRIGGERS = {"hermes": "<tool_call>", "llama3_json": '{"name": '}
+"""Where a call opens in free text, for the envelopes whose opening free text does not
+hold by chance (a pythonic call opens with `[`, which prose uses): `strict` tools
+without a forced choice get a triggered grammar for these."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,18 +79,76 @@ class ForcedCall:
     single: bool
     """One call only (a named choice, or `parallel_tool_calls=false`)."""
 
-    def structural_tag(self) -> dict[str, Any]:
-        """The grammar, as an xgrammar structural tag (a JSON-able dict)."""
+    budget: int | None = None
+    """The reply's token budget (`max_tokens`, else the context's room): what runs on
+    is bounded so that the calls fit it (call_budget.py). None: unbounded."""
+    auto: bool = False
+    """`strict` tools without a forced choice: free text, or calls held to the schema
+    once the envelope opens (a triggered grammar)."""
+
+    def _envelope(self) -> tuple[str, str, str, str, str]:
+        """(begin with `{name}`, end, separator, before the calls, after them)."""
         if self.envelope == "hermes":
             begin = '<tool_call>\n{"name": "{name}", "arguments": '
-            end, separator = "}\n</tool_call>", "\n"
-        elif self.envelope == "llama3_json":
-            begin, end, separator = '{"name": "{name}", "parameters": ', "}", "; "
-        else:
-            begin, end, separator = "{name}(", ")", ", "
+            return begin, "}\n</tool_call>", "\n", "", ""
+        if self.envelope == "llama3_json":
+            return '{"name": "{name}", "parameters": ', "}", "; ", "", ""
+        return "{name}(", ")", ", ", "[", "]"
+
+    def plan(self) -> tuple[dict[str, int] | None, int | None]:
+        """(the free-value size `k` of each tool the reply may call, most calls) for the
+        budget: as many calls as fit with every tool's `k` at least `ROOMY` (one per tool
+        offered, at most `MAX_CALLS`), each call as large as fits its share; one call when
+        even that does not. A tool whose shortest call does not fit is left out when
+        another fits (a reply must close); when none fits, all stay at `k` 0 and the reply
+        may be cut (`closes` is False). (None, None): no budget, no bounds."""
+        if self.budget is None:
+            return None, None
+        begin, end, separator, before, after = self._envelope()
+        room = self.budget - 1 - _bytes(before + after)  # 1: the end of turn
+        most = 1 if self.single else min(len(self.tools), MAX_CALLS)
+
+        def sizes_for(calls: int) -> dict[str, int]:
+            share = (room - (calls - 1) * _bytes(separator)) // calls
+            return {
+                name: _largest(_bytes(begin.replace("{name}", name) + end), schema, share)
+                for name, schema in self.tools
+            }
+
+        alone = {name: k for name, k in sizes_for(1).items() if k >= 0}
+        if alone:  # the tools a reply of one call can make; several where each keeps room
+            for calls in range(most, 1, -1):
+                shared = sizes_for(calls)
+                if all(shared[name] >= ROOMY for name in alone):
+                    return {name: shared[name] for name in alone}, calls
+            return alone, 1
+        return {name: 0 for name, _ in self.tools}, 1
+
+    @property
+    def closes(self) -> bool:
+        """Whether every reply the grammar allows ends within the budget."""
+        sizes, _ = self.plan()
+        return sizes is None or self._fits_shortest(sizes)
+
+    def _fits_shortest(self, sizes: dict[str, int]) -> bool:
+        begin, end, _, before, after = self._envelope()
+        room = (self.budget or 0) - 1 - _bytes(before + after)
+        return any(
+            _largest(_bytes(begin.replace("{name}", name) + end), schema, room) >= 0
+            for name, schema in self.tools
+            if name in sizes
+        )
+
+    def structural_tag(self) -> dict[str, Any]:
+        """The grammar, as an xgrammar structural tag (a JSON-able dict)."""
+        begin, end, separator, before, after = self._envelope()
+        sizes, most = self.plan()
         tags = []
         for name, schema in self.tools:
-            content = _kwargs(name, schema) if self.envelope == "pythonic" else _json(schema)
+            if sizes is not None and name not in sizes:
+                continue  # its shortest call does not fit the budget
+            held = schema if sizes is None else bounded_schema(schema, sizes[name])
+            content = _kwargs(name, held) if self.envelope == "pythonic" else _json(held)
             tags.append(
                 {
                     "type": "tag",
@@ -83,15 +157,34 @@ class ForcedCall:
                     "end": end,
                 }
             )
-        calls = {
-            "type": "tags_with_separator",
-            "tags": tags,
-            "separator": separator,
-            "at_least_one": True,
-            "stop_after_first": self.single,
-        }
-        if self.envelope == "pythonic":
-            calls = {"type": "sequence", "elements": [_const("["), calls, _const("]")]}
+        if self.auto:
+            calls: dict[str, Any] = {
+                "type": "triggered_tags",
+                "triggers": [_trigger(self.envelope)],
+                "tags": tags,
+                "stop_after_first": self.single,
+            }
+            return {"type": "structural_tag", "format": calls}
+        one = tags[0] if len(tags) == 1 else {"type": "or", "elements": tags}
+        if most is None and not self.single:
+            calls = {
+                "type": "tags_with_separator",
+                "tags": tags,
+                "separator": separator,
+                "at_least_one": True,
+            }
+        elif most is not None and most > 1:
+            calls = one  # up to `most` calls, as nested optional ones
+            for _ in range(most - 1):
+                more = {"type": "sequence", "elements": [_const(separator), calls]}
+                calls = {
+                    "type": "sequence",
+                    "elements": [one, {"type": "optional", "content": more}],
+                }
+        else:
+            calls = one
+        if before or after:
+            calls = {"type": "sequence", "elements": [_const(before), calls, _const(after)]}
         return {"type": "structural_tag", "format": calls}
 
     def upstream(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -127,10 +220,14 @@ class ForcedCall:
         return "stop" if self.named else "tool_calls"
 
 
-def forced_call(body: dict[str, Any], parser: str | None) -> ForcedCall | None:
-    """The forced call a request asks for (`tool_choice` required or a named tool), when
-    the engine's tool-call parser is one whose envelope the endpoint writes; None for a
-    free request. Raises `ToolSchemaError` for a schema the grammar cannot hold."""
+def forced_call(
+    body: dict[str, Any], parser: str | None, budget: int | None = None
+) -> ForcedCall | None:
+    """The forced call a request asks for (`tool_choice` required or a named tool; or
+    `strict` tools the model may call), when the engine's tool-call parser is one whose
+    envelope the endpoint writes; None for a free request. `budget` is the reply's token
+    budget (call_budget.py). Raises `ToolSchemaError` for a schema the grammar cannot
+    hold."""
     offered = body.get("tools")
     tools = [
         t
@@ -140,10 +237,13 @@ def forced_call(body: dict[str, Any], parser: str | None) -> ForcedCall | None:
     choice = body.get("tool_choice")
     if parser not in ENVELOPES or not tools:
         return None
+    auto = False
     if isinstance(choice, dict):
         named = (choice.get("function") or {}).get("name")
     elif choice == "required":
         named = None
+    elif choice in (None, "auto") and parser in TRIGGERS and any(map(_strict, tools)):
+        named, auto = None, True
     else:
         return None
     callable_tools = []
@@ -153,12 +253,45 @@ def forced_call(body: dict[str, Any], parser: str | None) -> ForcedCall | None:
         if not isinstance(name, str) or (named is not None and name != named):
             continue
         schema = function.get("parameters") or _EMPTY_OBJECT
+        if auto and not _strict(tool):
+            schema = _OPEN_OBJECT  # not `strict`: any arguments (the call still parses)
         check_tool_schema(name, schema)
         callable_tools.append((name, schema))
     if not callable_tools:
         return None
     single = named is not None or body.get("parallel_tool_calls") is False
-    return ForcedCall(parser, tuple(callable_tools), named, single)
+    return ForcedCall(parser, tuple(callable_tools), named, single, budget, auto)
+
+
+def _strict(tool: dict[str, Any]) -> bool:
+    return bool(tool.get("strict") or tool["function"].get("strict"))
+
+
+def as_calls(
+    chunk: dict[str, Any],
+    forced: ForcedCall,
+    assembler: CompletionAssembler,
+    made: dict[int, list[dict[str, Any]]],
+) -> dict[str, Any]:
+    """A stream chunk of a forced call as the client gets it: the envelope's text is held
+    back, and the choice's last chunk carries its calls whole (or, for a reply cut before a
+    call was complete, the text held back)."""
+    parts = []
+    for part in chunk.get("choices") or []:
+        delta = {k: v for k, v in (part.get("delta") or {}).items() if k != "content"}
+        if part.get("finish_reason"):
+            index = int(part.get("index", 0))
+            text = assembler.text(index)
+            made[index] = calls = forced.tool_calls(text)
+            if calls:
+                delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
+                if forced.auto and (before := text.split(TRIGGERS[forced.envelope])[0].strip()):
+                    delta["content"] = before
+                part = {**part, "finish_reason": forced.finish_reason(part["finish_reason"])}
+            else:
+                delta["content"] = text
+        parts.append({**part, "delta": delta})
+    return {**chunk, "choices": parts}
 
 
 def with_tool_calls(
@@ -168,12 +301,37 @@ def with_tool_calls(
     reply cut by `max_tokens` keeps its text and `finish_reason="length"`)."""
     if not calls:
         return choice
-    message = {**(choice.get("message") or {}), "content": None, "tool_calls": calls}
+    message = dict(choice.get("message") or {})
+    text = message.get("content")
+    # free text before a call the model chose to make stays the reply's content
+    before = text.split(TRIGGERS[forced.envelope])[0].strip() if forced.auto and text else ""
+    message.update(content=before or None, tool_calls=calls)
     finish = forced.finish_reason(choice.get("finish_reason"))
     return {**choice, "message": message, "finish_reason": finish}
 
 
 # -- grammar pieces -------------------------------------------------------------------------
+
+
+def _largest(fixed: int, schema: Any, room: int) -> int:
+    """The largest free-value size `k` whose call (`fixed` bytes of envelope around the
+    arguments) fits `room` bytes; -1 where none does."""
+    if fixed + worst_bytes(bounded_schema(schema, 0), 0) > room:
+        return -1
+    low, high = 0, MAX_SIZE  # a call's worst case grows with k
+    while low < high:
+        middle = (low + high + 1) // 2
+        fits = fixed + worst_bytes(bounded_schema(schema, middle), middle) <= room
+        low, high = (middle, high) if fits else (low, middle - 1)
+    return low
+
+
+def _bytes(text: str) -> int:
+    return len(text.encode())
+
+
+def _trigger(envelope: str) -> str:
+    return TRIGGERS[envelope]
 
 
 def _const(text: str) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import json
 import logging
 import socket
@@ -47,7 +48,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from rlcoach.endpoint.call_grammar import ForcedCall, forced_call, with_tool_calls
+from rlcoach.endpoint.call_grammar import ForcedCall, as_calls, forced_call, with_tool_calls
 from rlcoach.endpoint.constraint import (
     as_asked,
     normalize_tool_choice,
@@ -224,7 +225,7 @@ class Gateway:
             return error_response(400, problem)
         body = normalize_tool_choice(body)
         try:
-            forced = self._forced_call(body)
+            forced = await self._forced_call(body)
         except ToolSchemaError as e:
             return error_response(400, str(e), param="tools", code="unsupported_schema")
         try:
@@ -270,16 +271,37 @@ class Gateway:
                 await self.router.release(engine_name)
         return JSONResponse(as_asked(response, body))
 
-    def _forced_call(self, body: dict[str, Any]) -> ForcedCall | None:
+    async def _forced_call(self, body: dict[str, Any]) -> ForcedCall | None:
         """The grammar-held forced call this request asks for (call_grammar.py), where the
-        engine samples under grammars (vLLM: it names its tool-call parser). Raises
-        `ToolSchemaError` for a tool whose schema no grammar could hold, forced or strict."""
+        engine samples under grammars (vLLM: it names its tool-call parser), bounded to
+        the reply's token budget (call_budget.py). Raises `ToolSchemaError` for a tool
+        whose schema no grammar could hold, forced or strict."""
         parser = getattr(self.engine, "tool_call_parser", None)
         if parser is None:
             return None
         for name, schema in strict_tools(body):
             check_tool_schema(name, schema)
-        return forced_call(body, parser)
+        forced = forced_call(body, parser)
+        if forced is None:
+            return None
+        budget = body.get("max_completion_tokens") or body.get("max_tokens")
+        if budget is None:
+            budget = await self._context_room(body)
+        return dataclasses.replace(forced, budget=budget)
+
+    async def _context_room(self, body: dict[str, Any]) -> int | None:
+        """The tokens the engine's context leaves after this request's prompt (what it
+        samples at most without `max_tokens`); None where the engine does not say."""
+        length = getattr(self.engine, "prompt_length", None)
+        context = getattr(getattr(self.engine, "config", None), "max_model_len", None)
+        if length is None or context is None:
+            return None
+        try:
+            used = await length(self.engine.base_name, body)
+        except (EngineError, EngineHTTPError) as e:
+            logger.warning("could not count a prompt's tokens (%s); call not bounded", e)
+            return None
+        return max(1, int(context) - used)
 
     async def _pass_through(self, call: _Call, upstream: dict[str, Any], clock: float) -> Response:
         """An unconstrained answer passes through as the engine's bytes when the client
@@ -387,7 +409,7 @@ class Gateway:
                 assembler.add(chunk)
                 chunk["model"] = call.served
                 if call.forced is not None:
-                    chunk = _as_calls(chunk, call.forced, assembler, made)
+                    chunk = as_calls(chunk, call.forced, assembler, made)
                 yield sse_event(as_asked(chunk, call.body))
             if assembler.finished:
                 completion = assembler.completion()
@@ -555,31 +577,6 @@ class _Call:
 
 def _text(choice: dict[str, Any]) -> str:
     return (choice.get("message") or {}).get("content") or ""
-
-
-def _as_calls(
-    chunk: dict[str, Any],
-    forced: ForcedCall,
-    assembler: CompletionAssembler,
-    made: dict[int, list[dict[str, Any]]],
-) -> dict[str, Any]:
-    """A stream chunk of a forced call as the client gets it: the envelope's text is held
-    back, and the choice's last chunk carries its calls whole (or, for a reply cut before a
-    call was complete, the text held back)."""
-    parts = []
-    for part in chunk.get("choices") or []:
-        delta = {k: v for k, v in (part.get("delta") or {}).items() if k != "content"}
-        if part.get("finish_reason"):
-            index = int(part.get("index", 0))
-            text = assembler.text(index)
-            made[index] = calls = forced.tool_calls(text)
-            if calls:
-                delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
-                part = {**part, "finish_reason": forced.finish_reason(part["finish_reason"])}
-            else:
-                delta["content"] = text
-        parts.append({**part, "delta": delta})
-    return {**chunk, "choices": parts}
 
 
 async def _chained(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

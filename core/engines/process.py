@@ -301,6 +301,16 @@ class EngineProcess:
             values.append(float(entry[str(token)]["logprob"]))
         return values
 
+    async def prompt_length(self, model: str, body: dict[str, Any]) -> int:
+        """The tokens of a chat request's prompt, as the engine renders it (tools too)."""
+        payload = {"model": model, "messages": body.get("messages") or []}
+        if body.get("tools"):
+            payload["tools"] = body["tools"]
+        response = await self._post("/tokenize", payload)
+        if response.status_code != 200:
+            raise EngineHTTPError(response.status_code, _error_body(response))
+        return int(response.json()["count"])
+
     async def detokenize(self, model: str, token_ids: list[int]) -> str:
         response = await self._post("/detokenize", {"model": model, "tokens": token_ids})
         if response.status_code != 200:

@@ -25,6 +25,7 @@ import pytest
 import torch
 from pydantic import BaseModel
 from shop_app import build_app, shop_tools
+from tool_schemas import tool
 
 from rlcoach import TrainableModel, TrajectoryGroup
 from rlcoach.integrations.langgraph import chat_model, rollout_fn
@@ -34,22 +35,9 @@ from rlcoach.trainer.sequences import build_sequences, pack_sequences
 pytestmark = pytest.mark.vllm
 
 TOLERANCE = 0.01
-ADD = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers.",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-            "additionalProperties": False,
-        },
-        # Schema-true arguments: without it vLLM lets them be any JSON, and the 135M
-        # model writes a schema there until max_tokens cuts the call.
-        "strict": True,
-    },
-}
+# Schema-true arguments for the follow-up turn too: a `strict` tool (without it vLLM lets
+# a call there be any JSON, and the 135M model writes a schema until max_tokens cuts it).
+ADD = tool("add", strict=True)
 QUESTION = [{"role": "user", "content": "What is 2 + 3? Use the add tool."}]
 
 
@@ -167,7 +155,7 @@ async def test_a_forced_tool_call_trains_only_the_free_tokens_in_one_sequence(
                 messages=QUESTION,
                 tools=[ADD],
                 tool_choice="required",
-                max_tokens=64,
+                max_tokens=96,  # room for the call at its longest (call_budget.py)
             )
             assert first.choices[0].message.tool_calls, first.choices[0]
             call = first.choices[0].message.tool_calls[0]
@@ -220,7 +208,8 @@ async def test_a_forced_tool_call_trains_only_the_free_tokens_in_one_sequence(
     # (elsewhere it allows other spellings of the same text, and the spelling is the
     # policy's). Free and trained: the argument values.
     pieces = [tokenizer.decode([t]) for t in ids]
-    skeleton = '<tool_call>\n{"name": "add", "arguments": {"a": , "b": }}\n</tool_call>'
+    # (and the end of turn: one call only is asked for, so after it nothing else)
+    skeleton = '<tool_call>\n{"name": "add", "arguments": {"a": , "b": }}\n</tool_call><|im_end|>'
     forced_pieces = [p for p, f in zip(pieces, forced_T, strict=True) if f]
     assert forced_pieces and all(p in skeleton for p in forced_pieces), forced_pieces
     digits = [i for i, p in enumerate(pieces) if p.strip().isdigit() and (mask_T[i] or forced_T[i])]
@@ -230,35 +219,11 @@ async def test_a_forced_tool_call_trains_only_the_free_tokens_in_one_sequence(
 
 
 async def test_a_named_tool_call_under_the_endpoints_grammar(policy):
-    """A named tool choice over a tool that is not `strict`, with an enum, optional fields
-    and a nested object: the endpoint's envelope grammar (call_grammar.py) holds the
-    arguments to the schema; the step trains the free tokens at ratio 1. (No free-text
-    argument: this model can run a string to `max_tokens`, and a cut call trains
-    nothing to compare.)"""
-    alarm = {
-        "type": "function",
-        "function": {
-            "name": "set_alarm",
-            "description": "Set an alarm.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "hour": {"type": "integer"},
-                    "minute": {"type": "integer"},
-                    "repeat": {"type": "string", "enum": ["once", "daily", "weekdays"]},
-                    "snooze": {
-                        "type": "object",
-                        "properties": {
-                            "minutes": {"type": "integer"},
-                            "times": {"type": "integer"},
-                        },
-                        "required": ["minutes"],
-                    },
-                },
-                "required": ["hour"],
-            },
-        },
-    }
+    """A named tool choice over a tool that is not `strict`, with an enum, optional fields,
+    a nested object and a free-text string: the endpoint's envelope grammar
+    (call_grammar.py) holds the arguments to the schema, bounded so the call closes
+    within `max_tokens` (call_budget.py); the step trains the free tokens at ratio 1."""
+    alarm = tool("set_alarm")
     client = policy.openai_client()
     trajectories = []
     asks = ("Wake me at 6:30.", "An alarm at 7 every day.", "Alarm at noon.", "Snooze 5 min.")
@@ -269,13 +234,13 @@ async def test_a_named_tool_call_under_the_endpoints_grammar(policy):
                 messages=[{"role": "user", "content": ask}],
                 tools=[ADD, alarm],
                 tool_choice={"type": "function", "function": {"name": "set_alarm"}},
-                max_tokens=128,
+                max_tokens=256,  # room for the call at its longest (call_budget.py)
             )
         [call] = reply.choices[0].message.tool_calls
         assert call.function.name == "set_alarm"
         arguments = json.loads(call.function.arguments)
         assert isinstance(arguments["hour"], int)
-        assert set(arguments) <= {"hour", "minute", "repeat", "snooze"}
+        assert set(arguments) <= {"hour", "minute", "repeat", "snooze", "label"}
         [choice] = scope.trajectory.choices
         assert choice.constraint == "tool_choice=set_alarm"
         assert choice.forced and len(choice.forced) < len(choice.token_ids)

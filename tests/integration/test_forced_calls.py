@@ -2,9 +2,10 @@
 42), with the real vLLM engine and the bundled 135M model behind it (the session's).
 
 Without the endpoint's grammar this model, asked for a forced call, writes arguments that
-miss required keys or runs to `max_tokens` inside a call (bench/forced_calls.py: 5 of 20
+miss required keys or runs to `max_tokens` inside a call (bench/forced_calls.py: 28 of 100
 valid through vLLM directly); here every forced reply must be a call whose arguments fit
-the schema. Sampling is at temperature 1.0 with several choices a request, so the
+the schema, closed within `max_tokens` (call_budget.py bounds what could run on).
+Sampling is at temperature 1.0 with several choices a request, so the
 grammar, not luck, has to hold them. Nothing is faked.
 """
 
@@ -15,45 +16,14 @@ import httpx
 import jsonschema
 import pytest
 from pydantic import BaseModel
+from tool_schemas import SCHEMAS, tool
 
 from rlcoach.demo.task import Question, _worked_example
 from rlcoach.integrations.langgraph import chat_model
 
 pytestmark = pytest.mark.vllm
 
-ADD = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers.",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-        },
-    },
-}
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string"},
-                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-                "detail": {
-                    "type": "object",
-                    "properties": {"hourly": {"type": "boolean"}, "days": {"type": "integer"}},
-                    "required": ["days"],
-                },
-            },
-            "required": ["city"],
-        },
-    },
-}
-SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (ADD, WEATHER)}
+ADD, WEATHER = tool("add"), tool("get_weather")
 ASK = [{"role": "user", "content": "What is 2 + 3? And is it warm in Lisbon? Use the tools."}]
 
 
@@ -78,13 +48,8 @@ async def test_required_always_calls_with_fitting_arguments(policy):
             temperature=1.0,
         )
     for choice in reply.choices:
-        names = fitting_calls(choice)  # every call made fits its schema
-        if choice.finish_reason == "length":
-            # Cut by max_tokens: this model, shown several tools, often calls one after
-            # another until the limit (the reply keeps the calls it completed), and can
-            # run a free-text string to the limit (no call complete).
-            continue
-        assert choice.finish_reason == "tool_calls" and names, choice
+        # every reply closes within max_tokens (call_budget.py), with calls that fit
+        assert choice.finish_reason == "tool_calls" and fitting_calls(choice), choice
         assert choice.message.content is None
     assert any(choice.message.tool_calls for choice in reply.choices)
     # recorded as a constrained choice, with what the grammar forced kept out of the loss
@@ -126,6 +91,34 @@ async def test_a_named_tool_is_the_one_called(policy):
         assert choice.finish_reason == "stop"  # OpenAI's finish for a named tool choice
 
 
+async def test_without_max_tokens_the_call_is_bounded_by_the_contexts_room(policy):
+    client = policy.openai_client()
+    reply = await client.chat.completions.create(
+        model=policy.name,
+        messages=ASK,
+        tools=[ADD, WEATHER],
+        tool_choice={"type": "function", "function": {"name": "add"}},
+        n=2,
+        temperature=1.0,
+    )
+    for choice in reply.choices:
+        assert fitting_calls(choice) == ["add"] and choice.finish_reason == "stop", choice
+
+
+async def test_a_budget_too_small_for_any_call_is_cut_and_says_so(policy):
+    client = policy.openai_client()
+    reply = await client.chat.completions.create(
+        model=policy.name,
+        messages=ASK,
+        tools=[ADD, WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=8,  # not even the envelope fits
+    )
+    [choice] = reply.choices
+    assert choice.finish_reason == "length" and not choice.message.tool_calls
+    assert choice.message.content  # the cut text, as OpenAI keeps it
+
+
 async def test_a_streamed_forced_call_arrives_as_tool_call_deltas(policy):
     client = policy.openai_client()
     async with policy.rollout() as scope:
@@ -148,8 +141,8 @@ async def test_a_streamed_forced_call_arrives_as_tool_call_deltas(policy):
 
 async def test_strict_tools_hold_every_call_the_model_makes(policy):
     """`strict` without a forced choice: the model may answer in text, but a call it makes
-    fits the schema (vLLM's own grammar for this family's envelope). A worked example in
-    the prompt makes this model call on most samples."""
+    fits the schema (the endpoint's grammar, triggered by the envelope's opening). A
+    worked example in the prompt makes this model call on most samples."""
     client = policy.openai_client()
     strict = {**ADD, "function": {**ADD["function"], "strict": True}}
     question = Question(12, 30)

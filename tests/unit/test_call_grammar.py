@@ -134,14 +134,14 @@ def test_the_engine_is_asked_with_the_grammar_and_no_tool_choice_of_its_own():
     assert "response_format" not in upstream
     tag = json.loads(upstream["structured_outputs"]["structural_tag"])
     assert tag["type"] == "structural_tag"
-    assert [t["begin"] for t in tag["format"]["tags"]] == [
-        '<tool_call>\n{"name": "add", "arguments": '
-    ]
+    assert tag["format"]["begin"] == '<tool_call>\n{"name": "add", "arguments": '
 
 
 def test_free_requests_and_unknown_envelopes_get_no_grammar():
     assert forced_call({"tools": [ADD]}, "hermes") is None
     assert forced_call({"tools": [ADD], "tool_choice": "auto"}, "hermes") is None
+    strict = {**ADD, "function": {**ADD["function"], "strict": True}}
+    assert forced_call({"tools": [strict]}, "pythonic") is None  # `[` opens prose too
     assert forced_call(REQUIRED, "mistral") is None  # vLLM's own handling
     assert forced_call(REQUIRED, None) is None
     assert forced_call({"tool_choice": "required"}, "hermes") is None
@@ -211,3 +211,34 @@ def test_schemas_the_grammar_holds_pass():
     body["tools"][0]["function"]["parameters"] = shared
     _, compiled = grammar(body, "pythonic")
     assert accepts(compiled, '[ok(home={"city": "Oslo"}, work={"city": "Rome"})]')
+
+
+STRICT_ADD = {**ADD, "function": {**ADD["function"], "strict": True}}
+AUTO = {"tools": [STRICT_ADD, FIND]}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("The answer is 5.", True),  # free text: the model need not call
+        ("Let me add. " + HERMES_ADD, True),  # text, then a call held to the schema
+        (HERMES_ADD.replace(', "b": 3', ""), False),  # a strict call that misses `b`
+        (HERMES_ADD.replace("2", '"2"'), False),
+        ('<tool_call>\n{"name": "find", "arguments": {"anything": [1]}}\n</tool_call>', True),
+    ],
+)
+def test_strict_tools_without_a_forced_choice_hold_the_calls_the_model_makes(text, expected):
+    forced, compiled = grammar(AUTO, "hermes")
+    assert forced.auto and forced.named is None
+    assert accepts(compiled, text) is expected
+
+
+def test_a_strict_call_keeps_the_text_before_it():
+    forced = forced_call(AUTO, "hermes", 200)
+    text = "Let me add. " + HERMES_ADD
+    choice = {"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+    answered = with_tool_calls(choice, forced, forced.tool_calls(text))
+    assert answered["message"]["content"] == "Let me add."
+    assert answered["finish_reason"] == "tool_calls"
+    free = {"message": {"role": "assistant", "content": "5"}, "finish_reason": "stop"}
+    assert with_tool_calls(free, forced, forced.tool_calls("5")) == free
