@@ -250,7 +250,10 @@ class RayBackend:
 
     async def _start(self, model: TrainableModel) -> None:
         self._loop = asyncio.get_running_loop()
-        self.entry = EntryPoint(self.config.entry_host, self._on_lost)
+        host = self.config.entry_host
+        everywhere = host in ("0.0.0.0", "::")
+        advertised = self._ray.util.get_node_ip_address() if everywhere else host
+        self.entry = EntryPoint(host, self._on_lost, advertised=advertised)
         self.entry.start()
         self._client = EntryClient(self.entry.url)
         self.base_model = model.base_model

@@ -75,8 +75,17 @@ class ReplicaState:
 class EntryPoint:
     """Spread requests over replicas, one rollout on one replica (see the module)."""
 
-    def __init__(self, host: str, on_lost: Callable[[str], None], timeout_s: float = 600.0):
+    def __init__(
+        self,
+        host: str,
+        on_lost: Callable[[str], None],
+        timeout_s: float = 600.0,
+        advertised: str | None = None,
+    ) -> None:
+        """`host`: where to listen; `advertised`: the host in `url` (the node's address
+        when listening on every interface)."""
         self.host = host
+        self.advertised = advertised or host
         self.port = 0
         self.on_lost = on_lost
         self.replicas: dict[str, ReplicaState] = {}
@@ -100,7 +109,7 @@ class EntryPoint:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"http://{self.advertised}:{self.port}"
 
     # -- the fleet, changed by the backend (any thread) ------------------------------------
 

@@ -5,9 +5,14 @@ vLLM replica has its own test, test_ray_vllm.py). The cluster and the backend st
 once for the module; the tests run in order: the bad placements refused, two replicas
 serving a short run whose reward rises, a replica's node killed mid-rollouts (nothing
 lost, the replica replaced once a node has room), the trainer actor killed (the run
-resumes from the last committed step), and nothing left on the cluster after close."""
+resumes from the last committed step), nothing left on the cluster after close, and the
+example (examples/ray_cluster/run.py) run against the same cluster."""
 
 import asyncio
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -20,6 +25,8 @@ ray = pytest.importorskip("ray")
 from ray_task import QUESTIONS, add_replica_node, local_cluster, ray_config, short_answer  # noqa: E402
 
 from rlcoach.integrations.ray import RayBackend  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +144,13 @@ async def test_close_leaves_nothing_of_the_run_on_the_cluster(run):
         await asyncio.sleep(0.1)
     assert ray.available_resources().get("replica") == ray.cluster_resources()["replica"] == 2
     assert ray.available_resources().get("trainer") == 1
+
+
+def test_the_example_runs_across_the_cluster(cluster, tmp_path):
+    """examples/ray_cluster/run.py (docs/scale-out.md's command), one step on this cluster."""
+    example = ROOT / "examples" / "ray_cluster" / "run.py"
+    command = [sys.executable, str(example), "--address", cluster.address]
+    command += ["--steps", "1", "--group-size", "2", "--root", str(tmp_path)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.search(r"step 1: mean reward [\d.]+ over 4 trajectories, 0 retried", done.stdout)
