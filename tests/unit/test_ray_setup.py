@@ -97,3 +97,29 @@ def test_the_kuberay_rayjob_has_the_keys_kuberay_requires():
     gpus = sum(g["replicas"] for g in cluster["workerGroupSpecs"])
     replicas = int(re.search(r"--replicas (\d+)", spec["entrypoint"]).group(1))
     assert gpus == replicas + 1  # one GPU per replica and one for the trainer
+
+
+def test_the_entry_point_keeps_a_rollout_on_one_replica_and_routes_steps_to_who_has_them():
+    from rlcoach.integrations.ray.entry import EntryPoint, ReplicaState
+
+    lost = []
+    entry = EntryPoint("127.0.0.1", lost.append)
+    for rid in ("a", "b"):
+        entry.add(ReplicaState(rid, f"http://{rid}"))
+        entry.loaded(rid, "m", 0)
+    entry.publish("m", 0)
+    first = entry._pick("roll-1", "m")
+    first.inflight += 1
+    second = entry._pick("roll-2", "m")
+    assert {first.replica_id, second.replica_id} == {"a", "b"}  # the least busy first
+    assert entry._pick("roll-1", "m@0") is first  # a rollout stays where it started
+    entry.loaded("b", "m", 1)  # b has step 1, a is still on step 0
+    entry.publish("m", 1)
+    assert entry._pick(None, "m@1").replica_id == "b"
+    assert entry._pick(None, "m").replica_id == "b"  # plain name: the fleet's latest only
+    assert entry._pick(None, "m@0").replica_id in {"a", "b"}
+    assert entry._pick(None, "m@7") == "no replica serves 'm@7' now"
+    assert entry.mark_lost(first.replica_id) and not entry.mark_lost(first.replica_id)
+    assert lost == [first.replica_id]
+    assert entry._pick("roll-1", "m@0") == f"lost:{first.replica_id}"  # never half a rollout
+    assert [r.replica_id for r in entry.live()] == [second.replica_id]
