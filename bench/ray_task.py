@@ -4,7 +4,7 @@
 (`ray.cluster_utils.Cluster`: a head holding the trainer, `replica_nodes` nodes holding
 one inference replica each via the custom resource `replica`), no dashboard and a small
 object store. The rollout (`short_answer`) asks the policy one question and rewards
-short replies (1 - sampled tokens / max_tokens): a signal the bundled model learns in a
+short replies (1 - sampled tokens / max_tokens, characters breaking ties): a signal the bundled model learns in a
 few steps, so a short run's reward rises. Rollout functions run in Ray tasks, which
 import this module by name: the cluster is started with `bench/` on `PYTHONPATH`.
 """
@@ -19,8 +19,13 @@ from typing import Any
 
 from rlcoach import TrainableModel, Trajectory
 
-MAX_TOKENS = 16
-QUESTIONS = ["Name a colour.", "Say hello.", "What is 2+2?", "Name an animal."]
+MAX_TOKENS = 32
+QUESTIONS = [
+    "In one word: name a colour.",
+    "In one word: what is 2+2?",
+    "In one word: name an animal.",
+    "In one word: say hello.",
+]
 NODE_CPUS = 2
 OBJECT_STORE = 80 * 2**20
 
@@ -36,7 +41,9 @@ async def short_answer(model: TrainableModel, question: str) -> Trajectory:
             temperature=1.0,
         )
         used = reply.usage.completion_tokens if reply.usage else MAX_TOKENS
-        rollout.reward = 1.0 - used / MAX_TOKENS
+        text = reply.choices[0].message.content or ""
+        # Fewer tokens win; the characters break ties, so a group always has a spread.
+        rollout.reward = 1.0 - used / MAX_TOKENS - len(text) / (100 * MAX_TOKENS)
     return rollout.trajectory
 
 

@@ -23,8 +23,13 @@ from pathlib import Path
 from rlcoach import TrainableModel, gather_trajectory_groups
 from rlcoach.integrations.ray import RayBackend
 
-QUESTIONS = ["Name a colour.", "Say hello.", "What is 2+2?", "Name an animal."]
-MAX_TOKENS = 16
+QUESTIONS = [
+    "In one word: name a colour.",
+    "In one word: what is 2+2?",
+    "In one word: name an animal.",
+    "In one word: say hello.",
+]
+MAX_TOKENS = 32
 
 
 async def short_answer(model, question):
@@ -38,7 +43,9 @@ async def short_answer(model, question):
             temperature=1.0,
         )
         used = reply.usage.completion_tokens if reply.usage else MAX_TOKENS
-        rollout.reward = 1.0 - used / MAX_TOKENS
+        text = reply.choices[0].message.content or ""
+        # Fewer tokens win; the characters break ties, so a group always has a spread.
+        rollout.reward = 1.0 - used / MAX_TOKENS - len(text) / (100 * MAX_TOKENS)
     return rollout.trajectory
 
 

@@ -76,7 +76,7 @@ async def test_two_replicas_serve_and_a_short_run_raises_the_reward(run):
         result = await model.train(groups)
         assert result.metrics["rollouts_retried"] == 0 and result.metrics["replicas"] == 2
     print(f"mean reward per step: {rewards}")
-    assert rewards[-1] > rewards[0] + 0.15, rewards
+    assert rewards[-1] > rewards[0] + 0.1, rewards
     assert model.served_name == "short@3"
     replicas = list(backend.entry.replicas.values())
     assert len(replicas) == 2 and all(r.served >= 4 and r.latest["short"] == 3 for r in replicas)
