@@ -4,9 +4,10 @@
 (`ray.cluster_utils.Cluster`: a head holding the trainer, `replica_nodes` nodes holding
 one inference replica each via the custom resource `replica`), no dashboard and a small
 object store. The rollout (`short_answer`) asks the policy one question and rewards
-short replies (1 - sampled tokens / max_tokens, characters breaking ties): a signal the bundled model learns in a
-few steps, so a short run's reward rises. Rollout functions run in Ray tasks, which
-import this module by name: the cluster is started with `bench/` on `PYTHONPATH`.
+short replies (1 - sampled tokens / max_tokens, characters breaking ties): a signal
+the bundled model learns in a few steps, so a short run's reward rises. Rollout
+functions run in Ray tasks, which import this module by name: the cluster is started
+with `bench/` on `PYTHONPATH`.
 """
 
 from __future__ import annotations
