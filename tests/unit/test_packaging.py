@@ -19,7 +19,17 @@ ALLOWED = {
     "integrations": {"rlcoach.ruler", "rlcoach.autorl", "rlcoach.integrations"},
 }
 PLUGINS = {"rlcoach.ruler", "rlcoach.autorl", "rlcoach.integrations"}
-OPTIONAL = {"vllm", "langgraph", "langchain_openai", "langchain_core", "mcp", "langfuse", "wandb"}
+OPTIONAL = {
+    "vllm",
+    "langgraph",
+    "langchain_openai",
+    "langchain_core",
+    "mcp",
+    "langfuse",
+    "wandb",
+    "verifiers",
+    "datasets",
+}
 
 
 def _imports(path: Path) -> set[str]:
