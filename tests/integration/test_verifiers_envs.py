@@ -2,11 +2,12 @@
 
 The environments in tests/integration/verifiers_envs/ are written as verifiers' users
 write them (a single-turn, a multi-turn, a tool environment, an MCP environment over a
-real `mcp-server-time` subprocess, and one that fails on purpose). They run with the real
-verifiers package (the pinned 0.3.1, the classic API), their own rollout loops and
-rubrics, against the bundled model on one LocalBackend with the transformers engine (the
-cheapest that serves the policy endpoint; the vLLM engine serves the same endpoint and
-recorder). Nothing is faked.
+real `mcp-server-time` subprocess, and one that fails on purpose), and one environment
+package published on PyPI (`staros-stardata`'s constraint gym) runs as installed. They
+run with the real verifiers package (the pinned 0.3.1, the classic API), their own
+rollout loops and rubrics, against the bundled model on one LocalBackend with the
+transformers engine (the cheapest that serves the policy endpoint; the vLLM engine serves
+the same endpoint and recorder). Nothing is faked.
 """
 
 from __future__ import annotations
@@ -125,6 +126,26 @@ async def test_mcp_environment_runs_with_its_server(backend):
         for message in trajectory.messages:  # a call the model made was answered by the server
             if message["role"] == "tool":
                 assert "datetime" in message["content"] or "Error" in message["content"]
+
+
+async def test_a_published_environment_package_trains(backend, tmp_path):
+    """`staros-stardata` from PyPI: its constraint gym is a `vf.SingleTurnEnv` whose
+    deterministic prosody reward scores poems; loaded by module name, as installed."""
+    config = EnvTrainConfig(
+        env="stardata.envs.constraint_gym",
+        env_args={"forms": ["haiku"], "topics_per_form": 2},
+        name="stardata-haiku",
+        steps=1,
+        rows_per_step=1,
+        group_size=2,
+        eval_rows=1,
+        max_tokens=24,
+        engine="transformers",
+    )
+    run = await train_environment(config, backend)
+    assert run.failed_rollouts == 0 and run.steps[0].error is None
+    assert run.after is not None and "prosody_reward" in run.after.metrics
+    assert 0.0 <= run.after.metrics["prosody_reward"] <= 1.0
 
 
 async def test_a_rollout_that_raises_is_recorded_with_the_environment_traceback(backend):
