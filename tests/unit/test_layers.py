@@ -18,7 +18,7 @@ CORE = ROOT / "core"
 # Lowest first. Rooms in one tuple share a level and do not import each other.
 LAYERS: list[tuple[str, ...]] = [
     ("foundation",),  # errors, validation, config, paths
-    ("runtime", "compat"),
+    ("runtime", "compat", "guide"),
     ("models",),
     ("trajectory",),
     ("engines",),
