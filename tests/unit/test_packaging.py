@@ -198,3 +198,21 @@ def test_wheel_holds_every_package_under_one_namespace(tmp_path):
     assert not any(n.startswith(("core/", "tests/", "bench/")) for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "rlcoach = rlcoach.cli:app" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+
+def test_no_two_installed_distributions_write_the_same_module():
+    """Two packages that ship one module (a fork and its original: `oss-harmony`, which
+    vLLM needs, and `openai-harmony`, which a verifiers dependency asked for) overwrite
+    each other's files, and whichever was installed last wins in silence. The set that
+    `make` installs has no such pair."""
+    import collections
+    from importlib import metadata
+
+    owners: dict[str, set[str]] = collections.defaultdict(set)
+    for dist in metadata.distributions():
+        for file in dist.files or []:
+            path = str(file)
+            if path.endswith((".py", ".so")) and not path.startswith(".."):
+                owners[path].add(dist.metadata["Name"])
+    shared = {path: sorted(names) for path, names in owners.items() if len(names) > 1}
+    assert not shared, f"files written by two distributions: {sorted(shared.items())[:10]}"
