@@ -36,18 +36,20 @@ def fitting_calls(choice) -> list[str]:
     return [call.function.name for call in calls]
 
 
+def named(tool: str) -> dict:
+    return {"type": "function", "function": {"name": tool}}
+
+
+async def ask(policy, tool_choice, **options):
+    """ASK with the two tools offered, under `tool_choice`, through the policy endpoint."""
+    return await policy.openai_client().chat.completions.create(
+        model=policy.name, messages=ASK, tools=[ADD, WEATHER], tool_choice=tool_choice, **options
+    )
+
+
 async def test_required_always_calls_with_fitting_arguments(policy):
-    client = policy.openai_client()
     async with policy.rollout() as scope:
-        reply = await client.chat.completions.create(
-            model=policy.name,
-            messages=ASK,
-            tools=[ADD, WEATHER],
-            tool_choice="required",
-            max_tokens=96,
-            n=6,
-            temperature=1.0,
-        )
+        reply = await ask(policy, "required", max_tokens=96, n=6, temperature=1.0)
     for choice in reply.choices:
         # every reply closes within max_tokens (call_budget.py), with calls that fit
         assert choice.finish_reason == "tool_calls" and fitting_calls(choice), choice
@@ -61,76 +63,36 @@ async def test_required_always_calls_with_fitting_arguments(policy):
 
 
 async def test_required_with_one_call_only(policy):
-    client = policy.openai_client()
-    reply = await client.chat.completions.create(
-        model=policy.name,
-        messages=ASK,
-        tools=[ADD, WEATHER],
-        tool_choice="required",
-        parallel_tool_calls=False,
-        max_tokens=96,
-        n=4,
-        temperature=1.0,
+    reply = await ask(
+        policy, "required", parallel_tool_calls=False, max_tokens=96, n=4, temperature=1.0
     )
     for choice in reply.choices:
         assert len(fitting_calls(choice)) == 1 and choice.finish_reason == "tool_calls", choice
 
 
 async def test_a_named_tool_is_the_one_called(policy):
-    client = policy.openai_client()
-    reply = await client.chat.completions.create(
-        model=policy.name,
-        messages=ASK,
-        tools=[ADD, WEATHER],
-        tool_choice={"type": "function", "function": {"name": "get_weather"}},
-        max_tokens=96,
-        n=6,
-        temperature=1.0,
-    )
+    reply = await ask(policy, named("get_weather"), max_tokens=96, n=6, temperature=1.0)
     for choice in reply.choices:
         assert fitting_calls(choice) == ["get_weather"], choice
         assert choice.finish_reason == "stop"  # OpenAI's finish for a named tool choice
 
 
 async def test_without_max_tokens_the_call_is_bounded_by_the_contexts_room(policy):
-    client = policy.openai_client()
-    reply = await client.chat.completions.create(
-        model=policy.name,
-        messages=ASK,
-        tools=[ADD, WEATHER],
-        tool_choice={"type": "function", "function": {"name": "add"}},
-        n=2,
-        temperature=1.0,
-    )
+    reply = await ask(policy, named("add"), n=2, temperature=1.0)
     for choice in reply.choices:
         assert fitting_calls(choice) == ["add"] and choice.finish_reason == "stop", choice
 
 
 async def test_a_budget_too_small_for_any_call_is_cut_and_says_so(policy):
-    client = policy.openai_client()
-    reply = await client.chat.completions.create(
-        model=policy.name,
-        messages=ASK,
-        tools=[ADD, WEATHER],
-        tool_choice={"type": "function", "function": {"name": "get_weather"}},
-        max_tokens=8,  # not even the envelope fits
-    )
+    reply = await ask(policy, named("get_weather"), max_tokens=8)  # not even the envelope fits
     [choice] = reply.choices
     assert choice.finish_reason == "length" and not choice.message.tool_calls
     assert choice.message.content  # the cut text, as OpenAI keeps it
 
 
 async def test_a_streamed_forced_call_arrives_as_tool_call_deltas(policy):
-    client = policy.openai_client()
     async with policy.rollout() as scope:
-        stream = await client.chat.completions.create(
-            model=policy.name,
-            messages=ASK,
-            tools=[ADD, WEATHER],
-            tool_choice={"type": "function", "function": {"name": "add"}},
-            max_tokens=64,
-            stream=True,
-        )
+        stream = await ask(policy, named("add"), max_tokens=64, stream=True)
         chunks = [chunk async for chunk in stream]
     deltas = [d for c in chunks for d in (c.choices[0].delta.tool_calls or []) if c.choices]
     assert len(deltas) == 1 and deltas[0].function.name == "add"
