@@ -8,7 +8,7 @@ warm-up, GRPO through core's `run_pipeline` with held-out validation, and the re
         scope.reward = score(task, state)
 
     report = await train_graph(policy, tasks, attempt, GraphTrainConfig(steps=8))
-    print(report.summary())   # held-out success 0.188 (base) -> 0.250 (SFT) -> 0.375 (RL)
+    report.summary()   # 'held-out success 0.188 (base) -> 0.250 (SFT) -> 0.375 (RL)'
 
 The choices, in the order they run:
 

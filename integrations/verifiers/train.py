@@ -2,7 +2,7 @@
 
     from rlcoach.integrations.verifiers import EnvTrainConfig, train_environment
     run = await train_environment(EnvTrainConfig(env="my_env.py", steps=8))
-    print(run.before.reward, run.after.reward)
+    run.before.reward, run.after.reward   # held-out mean reward, base and trained
 
 The environment's train dataset gives the scenarios (`rows_per_step` rows a step, each
 attempted `group_size` times, through `run_pipeline`, so resuming and failure handling
