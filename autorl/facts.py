@@ -20,6 +20,7 @@ import ast
 import json
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +35,7 @@ _CLOCK = re.compile(r"\b([01]?\d|2[0-3]):([0-5]\d)\b")
 _NUMBER = re.compile(
     r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?(?![\w])"
 )
-_NAME = re.compile(r"\b[A-Z][\w'-]*(?:\s+[A-Z][\w'-]*)*")
+_NAME = re.compile(r"\b[A-Z][\w'-]*(?:[ \t]+[A-Z][\w'-]*)*")
 _MAX_TEXT_FACT = 60
 _COMMON = frozenset(
     [
@@ -96,6 +97,8 @@ _COMMON = frozenset(
 )
 """Words that start sentences: capitalised, but no name."""
 _PRIORITY = {"time": 0, "number": 1, "date": 2, "text": 3}
+_KEY_PREFIX = re.compile(r"^\s*[A-Za-z][A-Za-z ]{0,20}:\s+")
+_KEYED = re.compile(r"^\s*([A-Za-z][A-Za-z _]{0,20}):\s+(\S.{0,119}?)\s*$")
 _MARKER = re.compile(r"^\s*(?:\[\w+\]|[-*•]|\d+[.)])\s+")
 _DAY_TIME = re.compile(r"(?<!\d)(\d{1,2}):(\d{2})(?!\d)")
 
@@ -251,8 +254,62 @@ def listed_items(result: str) -> list[list[str]]:
             elif isinstance(item, str | int):
                 out.append([str(item)])
         return out
+    text = result.strip()
+    if ":" in text.split("\n", 1)[0][-1:]:  # a heading ("Commit history:")
+        text = text.split("\n", 1)[-1] if "\n" in text else ""
+    blocks = [b for b in re.split(r"\n\s*\n", text) if b.strip()]
+    if len(blocks) >= 2 and all(len(b.strip().splitlines()) >= 2 for b in blocks):
+        # records separated by blank lines ("Commit: ...\nAuthor: ..."): one item each,
+        # its lines' values without their keys
+        return [
+            [_KEY_PREFIX.sub("", line).strip() for line in block.splitlines() if line.strip()]
+            for block in blocks
+        ]
     lines = [_MARKER.sub("", line).strip() for line in result.splitlines()]
     return [[line] for line in lines if line and len(line) <= 80]
+
+
+def keyed_records(result: str) -> list[dict[str, str]]:
+    """The records of a listing with named fields, in order: a JSON list of objects (its
+    rows' string and number values), or text records separated by blank lines whose
+    lines read `Key: value` ("Commit: 5ca6...", "Author: Grace Hopper"). Empty when the
+    answer is not such a listing."""
+    data = parsed(result)
+    if isinstance(data, dict):
+        lists = [v for v in data.values() if isinstance(v, list)]
+        data = lists[0] if len(lists) == 1 else None
+    if isinstance(data, list) and len(data) >= 3 and all(isinstance(r, list) for r in data):
+        # a grid whose first row names the columns (a spreadsheet range)
+        header, *rows = data
+        if all(isinstance(h, str) and h.strip() for h in header) and len(set(header)) == len(
+            header
+        ):
+            return [
+                {h: str(v) for h, v in zip(header, row, strict=False) if v is not None}
+                for row in rows
+                if len(row) == len(header)
+            ]
+        return []
+    if isinstance(data, list):
+        return [
+            {str(k): str(v) for k, v in row.items() if isinstance(v, str | int | float)}
+            for row in data
+            if isinstance(row, dict)
+        ]
+    blocks = []
+    for block in re.split(r"\n\s*\n", result.strip()):
+        fields = {}
+        for line in block.splitlines():
+            keyed = _KEYED.match(line)
+            if keyed:
+                fields[keyed.group(1).strip()] = keyed.group(2).strip()
+        if fields:
+            blocks.append(fields)
+    # the records are the blocks with the most common set of fields ("Result: 4 rows"
+    # after them is not one)
+    shapes = Counter(frozenset(b) for b in blocks)
+    shape, count = shapes.most_common(1)[0] if shapes else (frozenset(), 0)
+    return [b for b in blocks if frozenset(b) == shape] if count >= 2 else []
 
 
 def key_facts(result: str, *, known: str = "", limit: int = 3) -> list[Fact]:

@@ -174,6 +174,69 @@ def _question_requests(call: GroundedCall) -> list[str]:
     ]
 
 
+def _record_questions(call: GroundedCall) -> list[tuple[str, list[Fact]]]:
+    """Questions about one record of a listing the call answered (a commit's author, a
+    row's price), naming the record by a field whose value no other record has: "Show
+    the commit logs (/srv/repo). What is the author of the one whose message is "Note
+    the tea"?" -> the fact `Grace Hopper`. At most three records, one question each."""
+    from rlcoach.autorl.facts import keyed_records
+
+    records = keyed_records(call.result)
+    if len(records) < 2:
+        return []
+    given = [v for v in _leaves(call.arguments) if v.strip()]
+    purpose = _purpose(call) + (f" ({', '.join(given)})" if given else "")
+
+    def names_it(key: str) -> bool:  # a value a person would say: unique words
+        values = [r.get(key, "") for r in records]
+        return (
+            len(set(values)) == len(values)
+            and all(re.search(r"[A-Za-z]{2}", v) and len(v) <= 60 for v in values)
+            and not all(re.fullmatch(r"[0-9a-f]{7,}", v) for v in values)
+        )
+
+    keys = [k for k in records[0] if all(k in r for r in records)]
+    namers = sorted(
+        (k for k in keys if names_it(k)), key=lambda k: -sum(" " in r[k] for r in records)
+    )
+    if not namers:
+        return []
+    namer = namers[0]
+    out = []
+    # from the second record on: a listing's first row is the least telling (an `id`)
+    for index, record in enumerate([*records[1:], records[0]][:4]):
+        asked_keys = sorted(
+            (k for k in keys if k != namer and record[k].strip()), key=_asked_rank(record)
+        )
+        if not asked_keys or len(out) >= 3:
+            break
+        asked_key = asked_keys[index % len(asked_keys)]
+        question = (
+            f"what is the {asked_key.lower()} of the one whose {namer.lower()} is "
+            f'"{record[namer]}"?'
+        )
+        facts = key_facts(record[asked_key], known=question, limit=2) or [
+            Fact("text", record[asked_key])
+        ]
+        out.append((f"{purpose[0].upper()}{purpose[1:]}, and tell me: {question}", facts))
+    return out
+
+
+def _asked_rank(record: dict[str, str]) -> Any:
+    """What to ask about a record first: words (a name, a type, a date), then amounts,
+    then 0/1 flags, then opaque ids (a commit's hash)."""
+
+    def rank(key: str) -> int:
+        value = record[key].strip()
+        if re.fullmatch(r"[0-9a-f]{7,}", value):
+            return 3
+        if re.fullmatch(r"-?[\d.,]+", value):
+            return 2 if value in ("0", "1") else 1
+        return 0
+
+    return rank
+
+
 _ORDINALS = ["first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth"]
 
 
@@ -192,10 +255,11 @@ def _chained_requests(call: GroundedCall, first: GroundedCall) -> list[str]:
                 return index
         return None
 
-    places = [place_of(v) for v in leaves]
     given = [v for v in _leaves(first.arguments) if v.strip()]
-    if not leaves or None in places or any(v in given for v in leaves):
-        return []  # every value must come from the listing, and not be in its request
+    found = [v for v in leaves if v not in given]  # the rest (a repo's path) is stated
+    places = [place_of(v) for v in found]
+    if not found or None in places:
+        return []  # every value not stated must come from the listing
     place = places[0]
     assert place is not None
     ordinal = "last" if place == len(items) - 1 and place >= 3 else None
@@ -256,20 +320,25 @@ def grounded_scenarios(
     chained: list[list[InputRecord]] = []
     for call in calls:
         first = calls[call.after] if call.after is not None and call.after < len(calls) else None
-        options: list[tuple[str, GroundedCall | None]] = []
+        options: list[tuple[str, GroundedCall | None, list[Fact] | None]] = []
         if call.question:
-            options = [(t, first) for t in _question_requests(call)]
+            options = [(t, first, None) for t in _question_requests(call)]
         elif any(_is_query(call.arguments)):
             continue  # a bare SELECT that answers no question: a step, not a task
         else:
             if first is not None:  # the two-call task, and the one-call task beside it
-                options = [(t, first) for t in _chained_requests(call, first)]
-            options += [(t, None) for t in _requests(call)]
+                options = [(t, first, None) for t in _chained_requests(call, first)]
+            # questions about what a listing holds, before the tool's own description
+            options += [(t, None, asked) for t, asked in _record_questions(call)]
+            options += [(t, None, None) for t in _requests(call)]
         variants: dict[bool, list[InputRecord]] = {True: [], False: []}
-        for text, before in options:
+        for text, before, asked in options:
             recoverable = all(leaf in text for leaf in _leaves(call.arguments))
             if before is None and not call.question and not recoverable:
                 continue  # the call could not be recovered from this wording
+            if asked is not None:  # the question names the one fact it asks for
+                variants[False].append(_record(call, text, asked, None, result_chars))
+                continue
             candidates = key_facts(call.result, known=text, limit=fact_limit + 8)
             share = {
                 f: (

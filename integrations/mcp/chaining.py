@@ -29,6 +29,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlcoach.autorl.facts import keyed_records
+
 __all__ = ["DataModel", "Query", "is_sql_property", "parse_result", "rows_in"]
 
 _NAME_KEYS = ("name", "table_name", "tbl_name", "table", "tablename")
@@ -36,10 +38,13 @@ _FROM = re.compile(r"\bfrom\s+[\"`\[]?(\w+)", re.IGNORECASE)
 
 
 def parse_result(text: str) -> Any:
-    """A tool's answer as data: JSON, else a Python literal, else None."""
+    """A tool's answer as data: JSON, else a Python literal, else records of `Key: value`
+    lines separated by blank lines ("1. row / title: Dune / price: 9.5", as rows with
+    their numbers read), else None."""
     text = text.strip()
     if not text or text[0] not in "[{":
-        return None
+        records = keyed_records(text)
+        return [{k: _number(v) for k, v in r.items()} for r in records] if records else None
     try:
         return json.loads(text)
     except ValueError:
@@ -48,6 +53,14 @@ def parse_result(text: str) -> Any:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         return None
+
+
+def _number(value: str) -> Any:
+    if re.fullmatch(r"-?\d+", value):
+        return int(value)
+    if re.fullmatch(r"-?\d+\.\d+", value):
+        return float(value)
+    return None if value in ("None", "NULL", "null") else value
 
 
 def rows_in(data: Any) -> list[dict[str, Any]] | None:

@@ -11,6 +11,7 @@ loads a user's check function named as `module:function`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,15 +91,20 @@ async def discover(
         )
     safety = {}
     for tool in listed:
-        verdict = judge_tool(
-            tool.name, tool.description or "", tool.annotations, allow_unsafe=allow_unsafe
-        )
         renamed = dict(tools.renamed).get(tool.name, tool.name)
-        safety[renamed] = ToolSafety(renamed, verdict.safe, verdict.rule, verdict.allowed)
+        verdict = judge_tool(
+            tool.name,
+            tool.description or "",
+            tool.annotations,
+            allow_unsafe=allow_unsafe,
+            schema=tools.schemas.get(renamed),
+        )
+        safety[renamed] = dataclasses.replace(verdict, name=renamed)
     allowed = [n for n in tools.names if safety.get(n) is None or safety[n].allowed]
     if not allowed:
         raise ConfigError(unsafe_only_message(spec, safety))
     tools = tools.only(allowed)
+    tools.guards = {n: s.guard for n, s in safety.items() if s.guard and n in tools.schemas}
     example: list[Message] = []
     if demonstration:
         async with connect(spec) as server:  # a throwaway session: the call may change state

@@ -19,7 +19,9 @@ not be among them unless the user says so. The rule, per tool:
    `exec`, ...). "Execute a SELECT query", "runs a read-only search" are reads: the text
    names what is run, and it only reads (`SELECT`, a search, a lookup, a listing). A tool
    that runs something the text does not show to be a read (`run_command`, "Execute
-   JavaScript") is unsafe.
+   JavaScript") is unsafe — except a tool that takes SQL ("Execute a SQL query"): it is
+   offered under a read-only guard (`sql_guard.py`: every call must hold one statement
+   that reads; anything else is refused before it reaches the server).
 4. Everything else is safe: reading, searching, computing, converting; the rule names
    the words that read (`get`, `list`, `search`, `SELECT`, ...) when there are any.
 
@@ -33,6 +35,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from rlcoach.integrations.mcp.sql_guard import guarded_sql_property
 
 __all__ = [
     "DESCRIPTION_WORDS",
@@ -162,10 +166,11 @@ _READ_ONLY = re.compile(
 )
 _RUNS_A_READ = re.compile(
     r"\b(?:exec(?:ute)?s?|run?s?|invokes?|performs?)\b[^.;\n]{0,40}?\b(?:select|search|"
-    r"lookup|look-up|read[- ]?only|read|query that reads|get|list)",
+    r"lookup|look-up|read[- ]?only|read|query that reads|get|list)\b",
     re.IGNORECASE,
 )
 """A run whose object is a read: "Execute a SELECT query", "runs a read-only query"."""
+_RUNS_UNPROVEN = "unannotated; it says "
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +183,9 @@ class ToolSafety:
     rule: str
     allowed: bool
     """Callable in this run: safe, or allowed by the user."""
+    guard: str | None = None
+    """The property whose SQL must only read (`sql_guard.py`); None without a guard or
+    when the user allowed unsafe tools."""
 
 
 def _words(text: str, stems: bool = False) -> list[str]:
@@ -205,9 +213,15 @@ def _annotations(raw: Any) -> dict[str, Any]:
 
 
 def judge_tool(
-    name: str, description: str, annotations: Any = None, *, allow_unsafe: bool = False
+    name: str,
+    description: str,
+    annotations: Any = None,
+    *,
+    allow_unsafe: bool = False,
+    schema: dict[str, Any] | None = None,
 ) -> ToolSafety:
-    """The verdict on one tool (see the module docstring)."""
+    """The verdict on one tool (see the module docstring); `schema`, its input schema,
+    shows whether a tool that runs something takes SQL (then it is guarded)."""
     hints = _annotations(annotations)
     read_only, destructive = hints.get("readOnlyHint"), hints.get("destructiveHint")
     if read_only is not None or destructive is not None:
@@ -219,6 +233,11 @@ def judge_tool(
             safe, rule = False, "annotated as a destructive write (destructiveHint=true)"
     else:
         safe, rule = _read_whole(name, description)
+        if not safe and rule.startswith(_RUNS_UNPROVEN):
+            sql = guarded_sql_property(schema, description)
+            if sql is not None and not allow_unsafe:
+                rule = f"{rule}; it takes SQL ({sql!r}): only statements that read are let through"
+                return ToolSafety(name, True, rule, True, guard=sql)
     return ToolSafety(name, safe, rule, safe or allow_unsafe)
 
 
@@ -243,7 +262,7 @@ def _read_whole(name: str, description: str) -> tuple[bool, str]:
                 else (f"runs only reads ({', '.join(map(repr, reads[:3]))})")
             )
             return True, f"unannotated; it {what}, so {runs[0]!r} runs a read"
-        return False, f"unannotated; it says {runs[0]!r} and not that what it runs only reads"
+        return False, f"{_RUNS_UNPROVEN}{runs[0]!r} and not that what it runs only reads"
     if read_only:
         return True, f"unannotated; its description says {read_only.group(0)!r}"
     if reads:

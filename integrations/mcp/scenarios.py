@@ -50,9 +50,10 @@ async def server_scenarios(
     result_chars: int = 1500,
 ) -> tuple[Exploration, list[InputRecord]]:
     """Explore the server, then up to `n` grounded scenarios from the calls that worked
-    (about two wordings per call, so exploration aims at `n / 2` calls)."""
+    (exploration aims at `n` distinct calls: distinct tasks teach more than rewordings of
+    a few, which a small model learns by heart)."""
     allowed = [name for name, s in safety.items() if s.allowed and name in tools.schemas]
-    per_tool = min(max(-(-n // (2 * max(len(allowed), 1))), 4), 16)
+    per_tool = min(max(-(-n // max(len(allowed), 1)), 4), 24)
     explored = await explore(
         spec,
         tools,

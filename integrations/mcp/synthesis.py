@@ -43,6 +43,11 @@ __all__ = ["GUESSES", "NAMED", "ArgumentSynthesizer", "keyed_strings_in", "strin
 _QUOTED = re.compile(r"""['"`]([^'"`\n]{1,80})['"`]""")
 _EG = re.compile(r"(?:e\.g\.|for example|such as|like)[,:]?\s*([^'\"`\s,;)]+)", re.IGNORECASE)
 _PATH = re.compile(r"(?:^|\s|['\"])(/[\w.\-/]+)")
+_KEYED_LINE = re.compile(r"^\s*([A-Za-z][A-Za-z ]{0,20}):\s+(\S.*?)\s*$")
+_BARE_ITEM = re.compile(r"^\s+[\w.\-/]{1,80}\s*$")
+_FILE_NAME = re.compile(r"[\w.\-]+(?:/[\w.\-]+)*/?")
+_FILE_KEY = re.compile(r"[\w\-./]{1,80}\.[A-Za-z0-9]{1,5}")
+_HEX_ID = re.compile(r"[0-9a-f]{7,40}")
 
 ZONES = [
     "Europe/London", "Asia/Tokyo", "America/New_York", "Europe/Paris", "Australia/Sydney",
@@ -109,6 +114,8 @@ def keyed_strings_in(text: str) -> list[tuple[str, str]]:
                 found.append((key, node))
         elif isinstance(node, dict):
             for name, value in node.items():
+                if _FILE_KEY.fullmatch(str(name)):  # {"sales.xlsx": 5668}: the name is a value
+                    found.append((key, str(name)))
                 walk(value, str(name))
         elif isinstance(node, list):
             for item in node:
@@ -119,11 +126,19 @@ def keyed_strings_in(text: str) -> list[tuple[str, str]]:
     else:
         found += [("", m.group(1)) for m in _QUOTED.finditer(text)]
         found += [("", m.group(1).rstrip(".,:;")) for m in _PATH.finditer(text)]
-        for line in text.splitlines():
-            # listings: "[FILE] notes.md", "- item", "name: value"
+        lines = text.splitlines()
+        for line in lines:
+            # listings: "[FILE] notes.md", "- item", "* master", "1. item"
             item = re.sub(r"^\s*(?:\[\w+\]|[-*•]|\d+[.)])\s+", "", line).strip()
             if item and item != line.strip() and len(item) <= 80:
                 found.append(("", item))
+            # records: "Commit: 5ca6170...", "Author: Grace Hopper" (the key is kept)
+            keyed = _KEYED_LINE.match(line)
+            if keyed and len(keyed.group(2)) <= 80:
+                found.append((keyed.group(1).strip().lower().replace(" ", "_"), keyed.group(2)))
+            # a bare name on its own indented line: a listing without markers
+            if _BARE_ITEM.match(line) and len(lines) > 1:
+                found.append(("", line.strip()))
     unique = dict.fromkeys((k, v.strip()) for k, v in found if v.strip())
     return list(unique)
 
@@ -191,6 +206,11 @@ class ArgumentSynthesizer:
         """Per two-step SELECT, the key of the call that runs its first step."""
         self.descriptions: dict[str, str] = {}
         """Per tool, its description (a property takes SQL when the tool says so)."""
+        self.worked: dict[str, list[dict[str, Any]]] = {}
+        """Per tool, the arguments of its calls that answered (newest last)."""
+        self.worked_values: dict[str, list[Any]] = {}
+        """Per property name, values that answered in some tool: the first guess for
+        the same property of the others (a `repo_path` that worked once works again)."""
         for hint in hints:  # the launch command's arguments, e.g. the folder it serves
             self.seen += [m.group(1) for m in _PATH.finditer(" " + hint)]
 
@@ -209,13 +229,21 @@ class ArgumentSynthesizer:
         worked, so later calls that use its values know where they came from."""
         if index is not None:
             self.data.learn(tool, arguments or {}, result, index)
+        if tool and arguments:
+            self.worked.setdefault(tool, []).append(dict(arguments))
+            for name, value in arguments.items():
+                values = self.worked_values.setdefault(name, [])
+                if isinstance(value, str | int | float | bool) and value not in values:
+                    values.append(value)
         folders = [
             v.rstrip("/")
             for v in (arguments or {}).values()
             if isinstance(v, str) and v.startswith("/")
         ]
         for key, value in keyed_strings_in(result):
-            joined = [f"{f}/{value}" for f in folders if not value.startswith("/")]
+            # a relative file name joins the folder; a phrase ("git add") does not
+            named = not value.startswith("/") and _FILE_NAME.fullmatch(value)
+            joined = [f"{f}/{value}" for f in folders] if named else []
             for item in (*joined, value):
                 if item not in self.seen:
                     self.seen.append(item)
@@ -227,8 +255,11 @@ class ArgumentSynthesizer:
         """Learn from a refused call: its values are not proposed again for those
         properties, and values the error quotes are tried for the property it names
         (or every refused property). Returns what was learned, for the report."""
+        proven = self.worked.get(tool, [])
         for name, value in arguments.items():
-            self.refused.setdefault(f"{tool}.{name}", []).append(value)
+            # a value that answered in another call of this tool is not what was wrong
+            if not any(call.get(name) == value for call in proven):
+                self.refused.setdefault(f"{tool}.{name}", []).append(value)
         given = [str(v) for v in arguments.values() if v not in (None, "")]
         suggested = [
             s
@@ -265,6 +296,10 @@ class ArgumentSynthesizer:
         pool += schema.get("examples") or []
         if "default" in schema and schema["default"] is not None:
             pool.append(schema["default"])
+        # values that answered in other tools (this tool's own are varied from, in
+        # `candidates`, not proposed again)
+        own = [call.get(name) for call in self.worked.get(tool, [])]
+        pool += [v for v in self.worked_values.get(name, []) if v not in own]
         pool += self.learned.get(name, [])
         description = str(schema.get("description", ""))
         text = f"{name.replace('_', ' ')} {name} {description}".lower()
@@ -324,8 +359,13 @@ class ArgumentSynthesizer:
             )
 
         recent = sorted(reversed(self.seen), key=rank)
+        if re.search(r"\b(revision|rev|commit|sha|ref|refspec|target|branch|tag)\b", text):
+            # a version-control object: ids the server showed, names it listed
+            ids = [v for v in recent if _HEX_ID.fullmatch(v)]
+            names = [v for v in recent if re.fullmatch(r"[\w.\-/]{1,60}", v) and "/" not in v[:1]]
+            return [*ids, *[v for v in names if v not in ids]]
         if re.search(r"\b(path|file|dir|directory|folder|root|repo)", text):
-            return [v for v in recent if "/" in v or "." in v]
+            return [v for v in recent if ("/" in v or "." in v) and not re.search(r"\s", v)]
         if re.search(r"\b(id|ids|key|sku|uuid|identifier)\b|_id\b", text):
             return [v for v in recent if re.fullmatch(r"[\w.:-]{1,40}", v)]
         return [v for v in recent if len(v) <= 40 and "\n" not in v]
@@ -379,8 +419,24 @@ class ArgumentSynthesizer:
         pools = [self.values(tool, name, properties[name], n) for name in names]
         out: list[dict[str, Any]] = []
         seen: set[str] = set()
-        # Walk the pools together (value i of each), then mixed, for variety in few calls.
+        # From the newest call that answered, one property changed at a time (a call
+        # that then fails says which value was wrong), the last property first (the first
+        # is often the scope: a repository, a database); then the pools walked together
+        # (value i of each), then mixed, for variety in few calls.
+        base = next(
+            (c for c in reversed(self.worked.get(tool, [])) if all(k in c for k in names)), None
+        )
+        varied = (
+            (
+                tuple(value if j == i else base[other] for j, other in enumerate(names))
+                for i, pool in reversed(list(enumerate(pools)))
+                for value in pool
+            )
+            if base is not None and len(names) > 1
+            else ()
+        )
         combos = itertools.chain(
+            varied,
             (tuple(pool[i % len(pool)] for pool in pools) for i in range(n)),
             itertools.product(*pools),
         )

@@ -11,7 +11,8 @@ skipped with the reason (`ToolSet.skipped`) rather than offered broken.
 
 `ToolSet.check_call(name, arguments_json)` parses the policy's arguments and validates
 them against the tool's schema (JSON Schema 2020-12 with `jsonschema`), so a call with
-bad arguments is answered with the problem instead of reaching the server.
+bad arguments is answered with the problem instead of reaching the server; a guarded
+tool's SQL must also only read (`ToolSet.guards`, `sql_guard.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlcoach.errors import RLCoachError
+from rlcoach.integrations.mcp.sql_guard import read_only_sql_error
 from rlcoach.trajectory.trajectories import Tool
 
 __all__ = ["CallCheck", "SchemaError", "ToolSet", "convert_tools"]
@@ -167,6 +169,8 @@ class ToolSet:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     """(tool name, reason) for tools that could not be offered."""
     renamed: list[tuple[str, str]] = field(default_factory=list)
+    guards: dict[str, str] = field(default_factory=dict)
+    """OpenAI name -> the property whose SQL must only read (`sql_guard.py`)."""
 
     @property
     def names(self) -> list[str]:
@@ -201,7 +205,16 @@ class ToolSet:
             schemas={k: v for k, v in self.schemas.items() if k in keep},
             skipped=list(self.skipped),
             renamed=list(self.renamed),
+            guards={k: v for k, v in self.guards.items() if k in keep},
         )
+
+    def guard_error(self, name: str, arguments: dict[str, Any]) -> str | None:
+        """Why a guarded tool's call must not reach the server (None: it may)."""
+        prop = self.guards.get(name)
+        if prop is None or prop not in arguments:
+            return None
+        problem = read_only_sql_error(arguments[prop])
+        return None if problem is None else f"{name} refused {prop}: {problem}"
 
     def check_call(self, name: str, arguments: str | dict[str, Any] | None) -> CallCheck:
         """Parse and validate one call's arguments (see the module docstring)."""
@@ -235,6 +248,9 @@ class ToolSet:
                 f"the arguments of {name} do not match its schema at "
                 f"{where}: {first.message}{more}",
             )
+        refused = self.guard_error(name, arguments)
+        if refused is not None:
+            return CallCheck(name, None, refused)
         return CallCheck(self.server_names[name], arguments, None)
 
 

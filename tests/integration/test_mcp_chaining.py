@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SQLITE = ROOT / ".venv" / "servers" / "sqlite" / "bin" / "mcp-server-sqlite"
 OURS = Path(__file__).with_name("mcp_sql_server.py")
 EXPLORE_SERVER = Path(__file__).with_name("mcp_explore_server.py")
+ANY_SQL = Path(__file__).with_name("mcp_any_sql_server.py")
 WRITERS = ("write_query", "create_table", "append_insight")
 
 
@@ -144,3 +145,46 @@ async def test_a_server_whose_answers_only_trivial_replies_match_is_refused(tmp_
     message = str(refused.value)
     assert "trivial-reply check" in message and "feature_enabled" in message
     assert "--scenarios-file" in message and "--generator-url" in message
+
+
+async def test_a_tool_that_runs_any_sql_is_explored_and_offered_only_for_reads(tmp_path):
+    """`execute_query` runs whatever it gets: exploring it sends only SELECTs, a policy's
+    write is answered with the reason and never reaches the database, and the user can
+    lift the guard (`allow_unsafe`)."""
+    database = shop(tmp_path)
+    spec = ServerSpec(command=[sys.executable, str(ANY_SQL), str(database)])
+    found = await discover(spec, demonstration=False)
+    verdict = found.safety["execute_query"]
+    assert verdict.allowed and verdict.guard == "query", verdict
+    assert "only statements that read are let through" in verdict.rule
+    result = await explore(
+        spec, found.tools, found.safety, sandbox=tmp_path / "sandbox", calls_per_tool=4, budget_s=60
+    )
+    queries = [c.arguments["query"] for c in result.calls if c.tool == "execute_query"]
+    assert queries and all(re.match(r"\s*SELECT\b", q, re.IGNORECASE) for q in queries), queries
+    before = _counts(database)
+    for statement in [
+        "DELETE FROM books",
+        "SELECT 1; DROP TABLE books",
+        "UPDATE books SET price = 0",
+    ]:
+        checked = found.tools.check_call("execute_query", {"query": statement})
+        assert (
+            (checked.arguments is None
+            and "is not a read" in checked.error)
+            or ("several statements" in checked.error)
+        ), checked
+    assert (
+        found.tools.check_call("execute_query", {"query": "SELECT title FROM books"}).error is None
+    )
+    assert _counts(database) == before
+    unguarded = await discover(spec, demonstration=False, allow_unsafe=True)
+    assert unguarded.safety["execute_query"].guard is None and not unguarded.tools.guards
+
+
+def _counts(database: Path) -> dict[str, int]:
+    with sqlite3.connect(database) as connection:
+        tables = [
+            r[0] for r in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        ]
+        return {t: connection.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in tables}

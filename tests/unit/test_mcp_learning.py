@@ -214,6 +214,9 @@ def test_the_whole_tool_is_read_what_is_run_decides():
         ("run_command", "Run a shell command"),  # runs something not shown to read
         ("evaluate", "Execute JavaScript in the page"),
         ("read_and_wipe", "Read a record."),  # the name writes: the description cannot undo it
+        # Any SQL, and a word that only begins like a read ("readable") proves nothing.
+        ("execute_query", "Execute a SQL query and return results in a readable format."),
+        ("exec", "Executes the given listener script."),
     ]:
         assert not verdict(name, description)[0], name
     assert "it reads ('list')" in verdict("list_tables", "List all tables")[1]
