@@ -21,7 +21,11 @@ from typing import Annotated, Any
 
 import typer
 
+from rlcoach.integrations.mcp.train_config import MCPTrainConfig
 from rlcoach.models.bundled import BUNDLED_MODEL
+
+_D = {name: field.default for name, field in MCPTrainConfig.model_fields.items()}
+"""`mcp train`'s defaults are the config's (one place to change them)."""
 
 app = typer.Typer(help="Train tool use against an MCP server.", no_args_is_help=True)
 
@@ -187,15 +191,19 @@ def train(
     env: EnvOption = None,
     header_env: HeaderEnvOption = None,
     model: Annotated[str, typer.Option(help="Base model to train.")] = BUNDLED_MODEL,
-    steps: Annotated[int, typer.Option(min=0, help="Training steps.")] = 4,
-    scenarios: Annotated[int, typer.Option(min=2, help="Scenarios to write.")] = 32,
+    steps: Annotated[int, typer.Option(min=0, help="Training steps.")] = _D["steps"],
+    scenarios: Annotated[int, typer.Option(min=2, help="Scenarios to write.")] = _D["scenarios"],
     scenarios_file: Annotated[
         Path | None, typer.Option(help="Scenarios as AutoRL JSONL instead of generating them.")
     ] = None,
-    eval_fraction: Annotated[float, typer.Option(min=0.01, max=0.95)] = 0.25,
-    scenarios_per_step: Annotated[int, typer.Option(min=1)] = 2,
-    group_size: Annotated[int, typer.Option(min=2, help="Attempts per scenario.")] = 4,
-    eval_samples: Annotated[int, typer.Option(min=1, help="Attempts per held-out scenario.")] = 2,
+    eval_fraction: Annotated[float, typer.Option(min=0.01, max=0.95)] = _D["eval_fraction"],
+    scenarios_per_step: Annotated[int, typer.Option(min=1)] = _D["scenarios_per_step"],
+    group_size: Annotated[int, typer.Option(min=2, help="Attempts per scenario.")] = _D[
+        "group_size"
+    ],
+    eval_samples: Annotated[int, typer.Option(min=1, help="Attempts per held-out scenario.")] = _D[
+        "eval_samples"
+    ],
     max_turns: Annotated[int, typer.Option(min=1)] = 4,
     call_timeout: Annotated[float, typer.Option(help="Seconds per tool call.")] = 30.0,
     rollout_timeout: Annotated[float, typer.Option(help="Seconds per rollout.")] = 600.0,
@@ -229,7 +237,7 @@ def train(
     ] = False,
     explore_budget: Annotated[
         float, typer.Option(min=1.0, help="Seconds at most for exploring the server.")
-    ] = 180.0,
+    ] = _D["explore_budget_s"],
     check: Annotated[
         str | None,
         typer.Option(help="module:function scoring a rollout in [0, 1] (default: grounded_check)."),
@@ -240,15 +248,15 @@ def train(
     judge_url: Annotated[str | None, typer.Option(help="RULER judge's base URL.")] = None,
     judge_model: str | None = None,
     judge_key_env: str | None = None,
-    judge_weight: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.5,
-    learning_rate: Annotated[float, typer.Option(min=0.0)] = 2e-4,
+    judge_weight: Annotated[float, typer.Option(min=0.0, max=1.0)] = _D["judge_weight"],
+    learning_rate: Annotated[float, typer.Option(min=0.0)] = _D["learning_rate"],
     eval_every: Annotated[
         int, typer.Option(min=0, help="Evaluate held out every N RL steps (0: after the last).")
-    ] = 2,
+    ] = _D["eval_every"],
     patience: Annotated[
         int,
         typer.Option(min=1, help="Stop RL after N evaluations below the best (ties not counted)."),
-    ] = 2,
+    ] = _D["patience"],
     refill_rounds: Annotated[
         int,
         typer.Option(
@@ -256,7 +264,7 @@ def train(
             help="Rounds per step that replace scenarios whose attempts all scored the same "
             "(DAPO's dynamic sampling; 0: off).",
         ),
-    ] = 1,
+    ] = _D["refill_rounds"],
     keep_best: Annotated[
         bool, typer.Option(help="Serve the best checkpoint by held-out success at the end.")
     ] = True,
@@ -272,7 +280,7 @@ def train(
     from rlcoach.errors import RLCoachError
     from rlcoach.integrations.mcp.agent import DEFAULT_SYSTEM, AgentConfig
     from rlcoach.integrations.mcp.train import train_on_server
-    from rlcoach.integrations.mcp.train_config import Endpoint, MCPTrainConfig
+    from rlcoach.integrations.mcp.train_config import Endpoint
 
     spec = server_spec(server, url, header, env, header_env=header_env)
     if (judge_url is None) != (judge_model is None):

@@ -38,14 +38,16 @@ class MCPTrainConfig(Config):
     base_model: str = BUNDLED_MODEL
     name: str | None = None
     """The trained model's name (default `<server>-<time>`); an existing one resumes."""
-    steps: int = Field(4, ge=0)
+    steps: int = Field(6, ge=0)
     """RL steps this run (after any warm-up; a resumed model trains this many more)."""
     scenarios: int = Field(32, ge=2)
     """Grounded scenarios to write (ignored with `scenarios_file`)."""
     scenarios_file: Path | None = None
     """A JSONL of AutoRL input records (e.g. from `rlcoach autorl generate --mcp`)."""
     eval_fraction: float = Field(0.25, gt=0.0, lt=1.0)
-    scenarios_per_step: int = Field(2, ge=1)
+    scenarios_per_step: int = Field(4, ge=1)
+    """Training scenarios a step samples (each `group_size` times): after the SFT
+    warm-up most groups agree, and two a step gave GRPO too little to learn from."""
     group_size: int = Field(4, ge=2)
     eval_samples: int = Field(2, ge=1)
     agent: AgentConfig = Field(default_factory=AgentConfig)
@@ -88,7 +90,7 @@ class MCPTrainConfig(Config):
     held-out reward fell at every step, 0.407 -> 0.237 in four, and calls to tools that
     do not exist came back, while the training batches' reward held at 0.37-0.55 and
     the gradient norm stayed at 0.08-0.15: each step fitted its few training calls)."""
-    eval_every: int = Field(2, ge=0)
+    eval_every: int = Field(3, ge=0)
     """Evaluate the held-out split every this many RL steps (and after the last); 0: only
     after the last. The best checkpoint by held-out success is kept (`keep_best`)."""
     refill_rounds: int = Field(1, ge=0)
