@@ -204,6 +204,9 @@ def train(
     eval_samples: Annotated[int, typer.Option(min=1, help="Attempts per held-out scenario.")] = _D[
         "eval_samples"
     ],
+    eval_temperature: Annotated[
+        float, typer.Option(min=0.0, max=2.0, help="Held-out sampling temperature (0: greedy).")
+    ] = _D["eval_temperature"],
     max_turns: Annotated[int, typer.Option(min=1)] = 4,
     call_timeout: Annotated[float, typer.Option(help="Seconds per tool call.")] = 30.0,
     rollout_timeout: Annotated[float, typer.Option(help="Seconds per rollout.")] = 600.0,
@@ -297,6 +300,7 @@ def train(
             scenarios_per_step=scenarios_per_step,
             group_size=group_size,
             eval_samples=eval_samples,
+            eval_temperature=eval_temperature,
             demonstration=demonstration,
             examples=read_examples(examples) if examples else [],
             check=check,

@@ -33,10 +33,7 @@ from rlcoach.autorl.types import InputRecord
 from rlcoach.backend.local import LocalBackend
 from rlcoach.backend.pipeline import PipelineRun, PipelineStep, Validation, run_pipeline
 from rlcoach.errors import ConfigError
-from rlcoach.integrations.mcp.agent import (
-    Check,
-    run_agent,
-)
+from rlcoach.integrations.mcp.agent import AgentConfig, Check, run_agent
 from rlcoach.integrations.mcp.connection import ServerSpec
 from rlcoach.integrations.mcp.discovery import Discovery, discover, load_check
 from rlcoach.integrations.mcp.explore import Exploration, sandboxed
@@ -160,6 +157,7 @@ async def _rollouts(
     samples: int,
     description: str,
     after_each: Any = None,
+    agent: AgentConfig | None = None,
 ) -> list[TrajectoryGroup]:
     client = model.openai_client()
     return await gather_trajectory_groups(
@@ -171,7 +169,7 @@ async def _rollouts(
                     server,
                     s,
                     found.tools,
-                    config=config.agent,
+                    config=agent or config.agent,
                     demonstration=found.demonstration,
                     check=check,
                 )
@@ -527,6 +525,7 @@ def _evaluator(
             held_out,
             config.eval_samples,
             f"eval {model.served_name}",
+            agent=config.agent.model_copy(update={"temperature": config.eval_temperature}),
         )
         save_groups(paths.dir / f"eval_{key}.jsonl", groups)
         result = summarize(groups)
