@@ -39,6 +39,9 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	# gets its own environment, as users run such servers.
 	@test -x $(VENV)/servers/sqlite/bin/python || $(PYTHON) -m venv $(VENV)/servers/sqlite
 	$(VENV)/servers/sqlite/bin/python -m pip install --quiet mcp==1.30.0 mcp-server-sqlite==2025.4.25
+	# A third-party git server (git_log, git_show, ...; its writes annotated), likewise.
+	@test -x $(VENV)/servers/git/bin/python || $(PYTHON) -m venv $(VENV)/servers/git
+	$(VENV)/servers/git/bin/python -m pip install --quiet mcp-server-git==2026.10.19
 	# Headless Chromium renders `rlcoach report` pages in the tests (Debian's package).
 	@test -x /usr/bin/chromium || (apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)

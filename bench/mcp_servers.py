@@ -84,7 +84,7 @@ def make_data(name: str, folder: Path, servers_dir: Path) -> None:
         with sqlite3.connect(folder / "shop.db") as db:
             db.executescript((ROOT / "examples" / "mcp_servers" / "shop.sql").read_text())
     elif name == "git":
-        _make_repo(folder / "repo")
+        make_repo(folder / "repo")
     elif name == "excel":
         (folder / "sheets").mkdir(exist_ok=True)
         python = servers_dir / "excel" / "bin" / "python"  # its environment has openpyxl
@@ -111,7 +111,9 @@ book.save(sys.argv[1])
 """
 
 
-def _make_repo(repo: Path) -> None:
+def make_repo(repo: Path) -> None:
+    """A small git repository: eight commits by three people on `main` and `release`,
+    fixed dates, and an untracked file."""
     repo.mkdir()
 
     def git(*args: str, who: str = "Ada Lovelace", day: int = 1) -> None:

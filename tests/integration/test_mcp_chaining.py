@@ -8,10 +8,12 @@ exploration, the scenarios and the trivial-reply check need none."""
 import json
 import re
 import sqlite3
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from mcp_servers import make_repo  # bench/: the repository the benchmark serves
 
 from rlcoach.autorl.gameable import GENERIC, drop_gameable
 from rlcoach.autorl.grounded import answer_facts, grounded_scenarios, worked_answer
@@ -28,6 +30,7 @@ SQLITE = ROOT / ".venv" / "servers" / "sqlite" / "bin" / "mcp-server-sqlite"
 OURS = Path(__file__).with_name("mcp_sql_server.py")
 EXPLORE_SERVER = Path(__file__).with_name("mcp_explore_server.py")
 ANY_SQL = Path(__file__).with_name("mcp_any_sql_server.py")
+GIT = ROOT / ".venv" / "servers" / "git" / "bin" / "mcp-server-git"
 WRITERS = ("write_query", "create_table", "append_insight")
 
 
@@ -169,10 +172,8 @@ async def test_a_tool_that_runs_any_sql_is_explored_and_offered_only_for_reads(t
         "UPDATE books SET price = 0",
     ]:
         checked = found.tools.check_call("execute_query", {"query": statement})
-        assert (
-            (checked.arguments is None
-            and "is not a read" in checked.error)
-            or ("several statements" in checked.error)
+        assert (checked.arguments is None and "is not a read" in checked.error) or (
+            "several statements" in checked.error
         ), checked
     assert (
         found.tools.check_call("execute_query", {"query": "SELECT title FROM books"}).error is None
@@ -188,3 +189,40 @@ def _counts(database: Path) -> dict[str, int]:
             r[0] for r in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")
         ]
         return {t: connection.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in tables}
+
+
+async def test_a_git_server_is_read_from_its_text_answers(tmp_path):
+    """The published `mcp-server-git` (its own environment under `.venv/servers/git`) on a
+    small repository: its annotated read-only tools are explored with the repository of
+    its launch command kept while the other arguments vary, the log's text records become
+    questions about one commit and two-call tasks (the log, then a commit by its place),
+    and no tool that writes runs."""
+    repo = tmp_path / "repo"
+    make_repo(repo)
+    before = _git_state(repo)
+    spec = ServerSpec(command=[str(GIT), "--repository", str(repo)])
+    found = await discover(spec, demonstration=False)
+    readers = {"git_status", "git_diff_unstaged", "git_diff_staged", "git_diff", "git_log"}
+    assert {n for n, s in found.safety.items() if s.allowed} == readers | {"git_show", "git_branch"}
+    explored, records = await server_scenarios(
+        spec, found.tools, found.safety, 32, sandbox=tmp_path / "sandbox", budget_s=90
+    )
+    assert explored.calls and all(c.arguments["repo_path"] == str(repo) for c in explored.calls)
+    assert len({c.arguments["revision"] for c in explored.calls if c.tool == "git_show"}) >= 3
+    asked = [r for r in records if "tell me: what is" in r.text]
+    assert asked and all(str(repo) in r.text for r in asked), [r.text for r in records]
+    chained = [
+        json.loads(r.metadata["steps"])
+        for r in records
+        if r.metadata["source"] == "grounded, two calls"
+    ]
+    assert any([s["tool"] for s in steps] == ["git_log", "git_show"] for steps in chained)
+    assert len(chained) * 3 >= len(records), len(chained)  # a third or more need two calls
+    assert _git_state(repo) == before
+
+
+def _git_state(repo: Path) -> tuple[str, str]:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True).stdout
+
+    return git("rev-parse", "main", "release"), git("status", "--porcelain")
