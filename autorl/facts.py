@@ -269,6 +269,12 @@ def listed_items(result: str) -> list[list[str]]:
     return [[line] for line in lines if line and len(line) <= 80]
 
 
+def keyed_line(line: str) -> tuple[str, str] | None:
+    """(key, value) of a `Key: value` line ("Author: Grace Hopper"), else None."""
+    found = _KEYED.match(line)
+    return (found.group(1).strip(), found.group(2).strip()) if found else None
+
+
 def keyed_records(result: str) -> list[dict[str, str]]:
     """The records of a listing with named fields, in order: a JSON list of objects (its
     rows' string and number values), or text records separated by blank lines whose
@@ -300,9 +306,9 @@ def keyed_records(result: str) -> list[dict[str, str]]:
     for block in re.split(r"\n\s*\n", result.strip()):
         fields = {}
         for line in block.splitlines():
-            keyed = _KEYED.match(line)
+            keyed = keyed_line(line)
             if keyed:
-                fields[keyed.group(1).strip()] = keyed.group(2).strip()
+                fields[keyed[0]] = keyed[1]
         if fields:
             blocks.append(fields)
     # the records are the blocks with the most common set of fields ("Result: 4 rows"

@@ -35,6 +35,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from rlcoach.autorl.facts import keyed_line
 from rlcoach.autorl.grounded import call_key
 from rlcoach.integrations.mcp.chaining import DataModel, Query, is_sql_property, parse_result
 
@@ -43,7 +44,6 @@ __all__ = ["GUESSES", "NAMED", "ArgumentSynthesizer", "keyed_strings_in", "strin
 _QUOTED = re.compile(r"""['"`]([^'"`\n]{1,80})['"`]""")
 _EG = re.compile(r"(?:e\.g\.|for example|such as|like)[,:]?\s*([^'\"`\s,;)]+)", re.IGNORECASE)
 _PATH = re.compile(r"(?:^|\s|['\"])(/[\w.\-/]+)")
-_KEYED_LINE = re.compile(r"^\s*([A-Za-z][A-Za-z ]{0,20}):\s+(\S.*?)\s*$")
 _BARE_ITEM = re.compile(r"^\s+[\w.\-/]{1,80}\s*$")
 _FILE_NAME = re.compile(r"[\w.\-]+(?:/[\w.\-]+)*/?")
 _FILE_KEY = re.compile(r"[\w\-./]{1,80}\.[A-Za-z0-9]{1,5}")
@@ -133,9 +133,9 @@ def keyed_strings_in(text: str) -> list[tuple[str, str]]:
             if item and item != line.strip() and len(item) <= 80:
                 found.append(("", item))
             # records: "Commit: 5ca6170...", "Author: Grace Hopper" (the key is kept)
-            keyed = _KEYED_LINE.match(line)
-            if keyed and len(keyed.group(2)) <= 80:
-                found.append((keyed.group(1).strip().lower().replace(" ", "_"), keyed.group(2)))
+            keyed = keyed_line(line)
+            if keyed and len(keyed[1]) <= 80:
+                found.append((keyed[0].lower().replace(" ", "_"), keyed[1]))
             # a bare name on its own indented line: a listing without markers
             if _BARE_ITEM.match(line) and len(lines) > 1:
                 found.append(("", line.strip()))
