@@ -12,7 +12,9 @@ held-out success says nothing. Two guards:
   tool call gets (0.6 times the fraction of its facts stated), on trivial replies: an empty
   one, the question repeated, a generic answer (`GENERIC`), and the correct answer of
   every other scenario written from another call (unless this scenario's answer states
-  it too: two tools that return the same item answer each other's questions rightly).
+  it too: two tools that return the same item answer each other's questions rightly;
+  not for a question about one record's field: "TEXT" must not answer every
+  column-type question).
   A fact one of them states is taken out of the key; a scenario is kept only if a fact
   remains, so that every trivial reply scores below `GAMEABLE_AT` (0.2); the rest are
   returned with the reply that beat them, for the report and the error that says why
@@ -105,9 +107,10 @@ def drop_gameable(records: Sequence[InputRecord]) -> tuple[list[InputRecord], li
     kept, gamed = [], []
     for record in records:
         call = str(record.metadata.get("call") or record.id)
-        key = str(record.metadata.get("answer_key") or "")
         # another task's answer is trivial here unless this answer states it too (two
-        # tools that return the same item answer each other's questions rightly)
+        # tools that return the same item answer each other's questions rightly); a
+        # question about one record's field has no such excuse
+        key = "" if record.metadata.get("asked") else str(record.metadata.get("answer_key") or "")
         others = [a for c, a, facts in answers if c != call and not _all_in(facts, key)]
         trivial = ["", record.text, GENERIC, *others]
         facts = _facts(record)

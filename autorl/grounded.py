@@ -337,7 +337,11 @@ def grounded_scenarios(
             if before is None and not call.question and not recoverable:
                 continue  # the call could not be recovered from this wording
             if asked is not None:  # the question names the one fact it asks for
-                variants[False].append(_record(call, text, asked, None, result_chars))
+                record = _record(call, text, asked, None, result_chars)
+                shown = "; ".join(f.display() for f in asked)
+                variants[False].append(
+                    record.model_copy(update={"metadata": {**record.metadata, "asked": shown}})
+                )
                 continue
             candidates = key_facts(call.result, known=text, limit=fact_limit + 8)
             share = {

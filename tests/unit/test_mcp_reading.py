@@ -143,3 +143,25 @@ def test_a_tool_that_runs_any_sql_is_guarded_not_refused():
     refused = tools.only(["execute_query"]).check_call("execute_query", '{"query": "DROP TABLE t"}')
     assert refused.arguments is None and "execute_query refused query" in refused.error
     assert tools.check_call("execute_query", {"query": "SELECT 1"}).error is None
+
+
+def test_a_value_many_records_share_is_no_answer_key():
+    """Questions about one column's type: another table's "TEXT" answers it too, so it
+    is dropped as gameable (the whole result holding TEXT does not excuse it)."""
+
+    def schema(table: str, rows: list[tuple[str, str]]) -> GroundedCall:
+        return GroundedCall(
+            tool="describe_table",
+            description="Get the schema information for a specific table",
+            parameters={"properties": {"table_name": {"type": "string"}}},
+            arguments={"table_name": table},
+            result=json.dumps([{"name": n, "type": t} for n, t in rows]),
+        )
+
+    calls = [
+        schema("books", [("id", "INTEGER"), ("title", "TEXT"), ("price", "REAL")]),
+        schema("authors", [("id", "INTEGER"), ("name", "TEXT"), ("born", "DATE")]),
+    ]
+    asked = [r for r in grounded_scenarios(calls, 20) if "tell me: what is" in r.text]
+    answers = {json.loads(r.metadata["facts"])[0][1] for r in asked}
+    assert "TEXT" not in answers and answers, [r.text for r in asked]
