@@ -13,8 +13,8 @@ held-out success says nothing. Two guards:
   one, the question repeated, a generic answer (`GENERIC`), and the correct answer of
   every other scenario written from another call (unless this scenario's answer states
   it too: two tools that return the same item answer each other's questions rightly;
-  not for a question about one record's field: "TEXT" must not answer every
-  column-type question).
+  for a question about one record's field, unless the other task's result is about the
+  same record: "TEXT" must not answer every column-type question).
   A fact one of them states is taken out of the key; a scenario is kept only if a fact
   remains, so that every trivial reply scores below `GAMEABLE_AT` (0.2); the rest are
   returned with the reply that beat them, for the report and the error that says why
@@ -24,11 +24,12 @@ held-out success says nothing. Two guards:
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
-from rlcoach.autorl.facts import Fact, fact_found, facts_score, key_facts
+from rlcoach.autorl.facts import Fact, fact_found, facts_score, key_facts, parsed
 from rlcoach.autorl.types import InputRecord
 
 if TYPE_CHECKING:
@@ -86,6 +87,28 @@ def _all_in(facts: list[Fact], text: str) -> bool:
     return bool(text) and all(fact_found(f, text) for f in facts)
 
 
+def _mentions(result: str, value: str) -> bool:
+    """Whether a result names `value` as a value (a JSON leaf, else a word-bounded run of
+    its text): a column named "name" is not the JSON key `name`."""
+    data = parsed(result)
+    if isinstance(data, dict | list):
+        leaves: list[str] = []
+
+        def walk(node: object) -> None:
+            if isinstance(node, dict):
+                for item in node.values():
+                    walk(item)
+            elif isinstance(node, list):
+                for item in node:
+                    walk(item)
+            elif node is not None:
+                leaves.append(str(node))
+
+        walk(data)
+        return value in leaves
+    return re.search(rf"(?<!\w){re.escape(value)}(?!\w)", result) is not None
+
+
 def trivial_score(record: InputRecord, reply: str) -> float:
     """The reward a reply without a tool call gets on `record`."""
     return round(_FACT_SHARE * facts_score(_facts(record), reply), 6)
@@ -103,15 +126,22 @@ def drop_gameable(records: Sequence[InputRecord]) -> tuple[list[InputRecord], li
             )
             if pair not in seen:
                 seen.add(pair)
-                answers.append((*pair, facts))
+                answers.append((*pair, facts, str(r.metadata.get("answer_key") or "")))
     kept, gamed = [], []
     for record in records:
         call = str(record.metadata.get("call") or record.id)
-        # another task's answer is trivial here unless this answer states it too (two
-        # tools that return the same item answer each other's questions rightly); a
-        # question about one record's field has no such excuse
-        key = "" if record.metadata.get("asked") else str(record.metadata.get("answer_key") or "")
-        others = [a for c, a, facts in answers if c != call and not _all_in(facts, key)]
+        key = str(record.metadata.get("answer_key") or "")
+        about = str(record.metadata.get("about") or "")
+        # another task's answer is trivial here unless it is right here too: this answer
+        # states it (two tools that return the same item answer each other's questions),
+        # or, for a question about one record, the other task's result is about the same
+        # record (a commit's `git_show` and the log's line on it); "TEXT" answers no
+        # column-type question but its own
+        others = [
+            a
+            for c, a, facts, result in answers
+            if c != call and not (_mentions(result, about) if about else _all_in(facts, key))
+        ]
         trivial = ["", record.text, GENERIC, *others]
         facts = _facts(record)
         # a fact some trivial reply states is no part of the key; the rest must remain

@@ -338,9 +338,9 @@ def grounded_scenarios(
                 continue  # the call could not be recovered from this wording
             if asked is not None:  # the question names the one fact it asks for
                 record = _record(call, text, asked, None, result_chars)
-                shown = "; ".join(f.display() for f in asked)
+                about = {"about": text.rsplit('"', 2)[-2]}  # the record's naming value
                 variants[False].append(
-                    record.model_copy(update={"metadata": {**record.metadata, "asked": shown}})
+                    record.model_copy(update={"metadata": {**record.metadata, **about}})
                 )
                 continue
             candidates = key_facts(call.result, known=text, limit=fact_limit + 8)
