@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlcoach.autorl.dedupe import deduplicate, normalize_text
-from rlcoach.autorl.facts import Fact, key_facts
+from rlcoach.autorl.facts import Fact, key_facts, keyed_records
 from rlcoach.autorl.gameable import Gamed, common_facts, drop_gameable
 from rlcoach.autorl.split import split_records
 from rlcoach.autorl.types import InputRecord
@@ -174,13 +174,12 @@ def _question_requests(call: GroundedCall) -> list[str]:
     ]
 
 
-def _record_questions(call: GroundedCall) -> list[tuple[str, list[Fact]]]:
+def _record_questions(call: GroundedCall) -> list[tuple[str, list[Fact], str]]:
     """Questions about one record of a listing the call answered (a commit's author, a
     row's price), naming the record by a field whose value no other record has: "Show
-    the commit logs (/srv/repo). What is the author of the one whose message is "Note
-    the tea"?" -> the fact `Grace Hopper`. At most three records, one question each."""
-    from rlcoach.autorl.facts import keyed_records
-
+    the commit logs (/srv/repo), and tell me: what is the author of the one whose message
+    is "Note the tea"?" -> the fact `Grace Hopper`. (text, facts, the naming value) for
+    at most three records, one question each."""
     records = keyed_records(call.result)
     if len(records) < 2:
         return []
@@ -204,11 +203,11 @@ def _record_questions(call: GroundedCall) -> list[tuple[str, list[Fact]]]:
     namer = namers[0]
     out = []
     # from the second record on: a listing's first row is the least telling (an `id`)
-    for index, record in enumerate([*records[1:], records[0]][:4]):
+    for index, record in enumerate([*records[1:], records[0]][:3]):
         asked_keys = sorted(
             (k for k in keys if k != namer and record[k].strip()), key=_asked_rank(record)
         )
-        if not asked_keys or len(out) >= 3:
+        if not asked_keys:
             break
         asked_key = asked_keys[index % len(asked_keys)]
         question = (
@@ -218,7 +217,8 @@ def _record_questions(call: GroundedCall) -> list[tuple[str, list[Fact]]]:
         facts = key_facts(record[asked_key], known=question, limit=2) or [
             Fact("text", record[asked_key])
         ]
-        out.append((f"{purpose[0].upper()}{purpose[1:]}, and tell me: {question}", facts))
+        text = f"{purpose[0].upper()}{purpose[1:]}, and tell me: {question}"
+        out.append((text, facts, record[namer]))
     return out
 
 
@@ -320,29 +320,25 @@ def grounded_scenarios(
     chained: list[list[InputRecord]] = []
     for call in calls:
         first = calls[call.after] if call.after is not None and call.after < len(calls) else None
-        options: list[tuple[str, GroundedCall | None, list[Fact] | None]] = []
+        options: list[tuple[str, GroundedCall | None]] = []
+        questions: list[InputRecord] = []  # about what a listing holds, before the templates
         if call.question:
-            options = [(t, first, None) for t in _question_requests(call)]
+            options = [(t, first) for t in _question_requests(call)]
         elif any(_is_query(call.arguments)):
             continue  # a bare SELECT that answers no question: a step, not a task
         else:
             if first is not None:  # the two-call task, and the one-call task beside it
-                options = [(t, first, None) for t in _chained_requests(call, first)]
-            # questions about what a listing holds, before the tool's own description
-            options += [(t, None, asked) for t, asked in _record_questions(call)]
-            options += [(t, None, None) for t in _requests(call)]
-        variants: dict[bool, list[InputRecord]] = {True: [], False: []}
-        for text, before, asked in options:
+                options = [(t, first) for t in _chained_requests(call, first)]
+            for text, asked, about in _record_questions(call):
+                record = _record(call, text, asked, None, result_chars)
+                metadata = {**record.metadata, "about": about}  # the record's naming value
+                questions.append(record.model_copy(update={"metadata": metadata}))
+            options += [(t, None) for t in _requests(call)]
+        variants: dict[bool, list[InputRecord]] = {True: [], False: questions}
+        for text, before in options:
             recoverable = all(leaf in text for leaf in _leaves(call.arguments))
             if before is None and not call.question and not recoverable:
                 continue  # the call could not be recovered from this wording
-            if asked is not None:  # the question names the one fact it asks for
-                record = _record(call, text, asked, None, result_chars)
-                about = {"about": text.rsplit('"', 2)[-2]}  # the record's naming value
-                variants[False].append(
-                    record.model_copy(update={"metadata": {**record.metadata, **about}})
-                )
-                continue
             candidates = key_facts(call.result, known=text, limit=fact_limit + 8)
             share = {
                 f: (
