@@ -241,8 +241,14 @@ def judge_tool(
     return ToolSafety(name, safe, rule, safe or allow_unsafe)
 
 
+_PATH_LIKE = re.compile(r"\S*[/\\]\S*")
+"""A path or URL in a description ("database /srv/runs/shop.db"): its parts are no words
+of the text ("runs" there runs nothing)."""
+
+
 def _read_whole(name: str, description: str) -> tuple[bool, str]:
     """Rules 2-4 for a tool without annotations: (safe, the rule that decided)."""
+    description = _PATH_LIKE.sub(" ", description)
     name_words = _words(name)
     text_words = _words(description, stems=True)
     in_name = [w for w in name_words if w in WRITE_WORDS]

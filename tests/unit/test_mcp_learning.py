@@ -220,6 +220,9 @@ def test_the_whole_tool_is_read_what_is_run_decides():
     ]:
         assert not verdict(name, description)[0], name
     assert "it reads ('list')" in verdict("list_tables", "List all tables")[1]
+    # words inside a path are no words of the text (mcp-alchemy names its database file)
+    listing = "Return all table names. Connected to sqlite database /srv/runs/exec/shop.db."
+    assert verdict("all_table_names", listing)[0]
     assert verdict("wipe", "Execute anything", {"readOnlyHint": True})[0]  # annotations rule
 
 
