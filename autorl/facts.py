@@ -97,7 +97,6 @@ _COMMON = frozenset(
 )
 """Words that start sentences: capitalised, but no name."""
 _PRIORITY = {"time": 0, "number": 1, "date": 2, "text": 3}
-_KEY_PREFIX = re.compile(r"^\s*[A-Za-z][A-Za-z ]{0,20}:\s+")
 _KEYED = re.compile(r"^\s*([A-Za-z][A-Za-z _]{0,20}):\s+(\S.{0,119}?)\s*$")
 _MARKER = re.compile(r"^\s*(?:\[\w+\]|[-*•]|\d+[.)])\s+")
 _DAY_TIME = re.compile(r"(?<!\d)(\d{1,2}):(\d{2})(?!\d)")
@@ -254,17 +253,9 @@ def listed_items(result: str) -> list[list[str]]:
             elif isinstance(item, str | int):
                 out.append([str(item)])
         return out
-    text = result.strip()
-    if ":" in text.split("\n", 1)[0][-1:]:  # a heading ("Commit history:")
-        text = text.split("\n", 1)[-1] if "\n" in text else ""
-    blocks = [b for b in re.split(r"\n\s*\n", text) if b.strip()]
-    if len(blocks) >= 2 and all(len(b.strip().splitlines()) >= 2 for b in blocks):
-        # records separated by blank lines ("Commit: ...\nAuthor: ..."): one item each,
-        # its lines' values without their keys
-        return [
-            [_KEY_PREFIX.sub("", line).strip() for line in block.splitlines() if line.strip()]
-            for block in blocks
-        ]
+    records = keyed_records(result)
+    if records:  # text records ("Commit: ...\nAuthor: ..."): one item each, its values
+        return [list(record.values()) for record in records]
     lines = [_MARKER.sub("", line).strip() for line in result.splitlines()]
     return [[line] for line in lines if line and len(line) <= 80]
 

@@ -208,7 +208,7 @@ class ToolSet:
             guards={k: v for k, v in self.guards.items() if k in keep},
         )
 
-    def guard_error(self, name: str, arguments: dict[str, Any]) -> str | None:
+    def _guard_error(self, name: str, arguments: dict[str, Any]) -> str | None:
         """Why a guarded tool's call must not reach the server (None: it may)."""
         prop = self.guards.get(name)
         if prop is None or prop not in arguments:
@@ -248,7 +248,7 @@ class ToolSet:
                 f"the arguments of {name} do not match its schema at "
                 f"{where}: {first.message}{more}",
             )
-        refused = self.guard_error(name, arguments)
+        refused = self._guard_error(name, arguments)
         if refused is not None:
             return CallCheck(name, None, refused)
         return CallCheck(self.server_names[name], arguments, None)
