@@ -21,11 +21,13 @@ from typing import Annotated, Any
 
 import typer
 
+from rlcoach.integrations.mcp.agent import AgentConfig
 from rlcoach.integrations.mcp.train_config import MCPTrainConfig
 from rlcoach.models.bundled import BUNDLED_MODEL
 
 _D = {name: field.default for name, field in MCPTrainConfig.model_fields.items()}
-"""`mcp train`'s defaults are the config's (one place to change them)."""
+_A = {name: field.default for name, field in AgentConfig.model_fields.items()}
+"""`mcp train`'s defaults are the configs' (one place to change them)."""
 
 app = typer.Typer(help="Train tool use against an MCP server.", no_args_is_help=True)
 
@@ -207,11 +209,19 @@ def train(
     eval_temperature: Annotated[
         float, typer.Option(min=0.0, max=2.0, help="Held-out sampling temperature (0: greedy).")
     ] = _D["eval_temperature"],
-    max_turns: Annotated[int, typer.Option(min=1)] = 4,
-    call_timeout: Annotated[float, typer.Option(help="Seconds per tool call.")] = 30.0,
-    rollout_timeout: Annotated[float, typer.Option(help="Seconds per rollout.")] = 600.0,
-    result_chars: Annotated[int, typer.Option(min=40, help="Tool results cut to this.")] = 1500,
-    max_tokens: Annotated[int, typer.Option(min=8, help="Tokens per policy reply.")] = 192,
+    max_turns: Annotated[int, typer.Option(min=1)] = _A["max_turns"],
+    call_timeout: Annotated[float, typer.Option(help="Seconds per tool call.")] = _A[
+        "call_timeout_s"
+    ],
+    rollout_timeout: Annotated[float, typer.Option(help="Seconds per rollout.")] = _A[
+        "rollout_timeout_s"
+    ],
+    result_chars: Annotated[int, typer.Option(min=40, help="Tool results cut to this.")] = _A[
+        "result_chars"
+    ],
+    max_tokens: Annotated[int, typer.Option(min=8, help="Tokens per policy reply.")] = _A[
+        "max_tokens"
+    ],
     system_prompt: Annotated[str | None, typer.Option(help="The agent's system prompt.")] = None,
     demonstration: Annotated[
         bool, typer.Option(help="A worked example from a real call before each task.")
@@ -237,7 +247,7 @@ def train(
             help="Call (while exploring) and offer the policy the tools judged unsafe "
             "(annotated as writing, or named/described as writing, deleting, sending, buying)."
         ),
-    ] = False,
+    ] = _D["allow_unsafe_tools"],
     explore_budget: Annotated[
         float, typer.Option(min=1.0, help="Seconds at most for exploring the server.")
     ] = _D["explore_budget_s"],
@@ -270,18 +280,18 @@ def train(
     ] = _D["refill_rounds"],
     keep_best: Annotated[
         bool, typer.Option(help="Serve the best checkpoint by held-out success at the end.")
-    ] = True,
+    ] = _D["keep_best"],
     name: Annotated[str | None, typer.Option(help="Model name (an existing one resumes).")] = None,
     engine: Annotated[str, typer.Option(help="vllm or transformers.")] = "vllm",
     root: Annotated[Path, typer.Option(help="Where runs are written.")] = Path(".rlcoach"),
-    seed: int = 0,
+    seed: int = _D["seed"],
 ) -> None:
     """Explore the server's safe tools, write grounded scenarios from the calls that worked,
     evaluate held out, warm up (SFT) when needed, train, evaluate again, write a report."""
     from pydantic import ValidationError
 
     from rlcoach.errors import RLCoachError
-    from rlcoach.integrations.mcp.agent import DEFAULT_SYSTEM, AgentConfig
+    from rlcoach.integrations.mcp.agent import DEFAULT_SYSTEM
     from rlcoach.integrations.mcp.train import train_on_server
     from rlcoach.integrations.mcp.train_config import Endpoint
 
