@@ -170,7 +170,8 @@ _RUNS_A_READ = re.compile(
     re.IGNORECASE,
 )
 """A run whose object is a read: "Execute a SELECT query", "runs a read-only query"."""
-_RUNS_UNPROVEN = "unannotated; it says "
+_RUNS_UNPROVEN = " and not that what it runs only reads"
+"""The end of rule 3's unsafe verdict: the one a tool that takes SQL is guarded from."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,7 +234,7 @@ def judge_tool(
             safe, rule = False, "annotated as a destructive write (destructiveHint=true)"
     else:
         safe, rule = _read_whole(name, description)
-        if not safe and rule.startswith(_RUNS_UNPROVEN):
+        if not safe and rule.endswith(_RUNS_UNPROVEN):
             sql = guarded_sql_property(schema, description)
             if sql is not None and not allow_unsafe:
                 rule = f"{rule}; it takes SQL ({sql!r}): only statements that read are let through"
@@ -268,7 +269,7 @@ def _read_whole(name: str, description: str) -> tuple[bool, str]:
                 else (f"runs only reads ({', '.join(map(repr, reads[:3]))})")
             )
             return True, f"unannotated; it {what}, so {runs[0]!r} runs a read"
-        return False, f"{_RUNS_UNPROVEN}{runs[0]!r} and not that what it runs only reads"
+        return False, f"unannotated; it says {runs[0]!r}{_RUNS_UNPROVEN}"
     if read_only:
         return True, f"unannotated; its description says {read_only.group(0)!r}"
     if reads:
