@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlcoach.endpoint.call_budget import MAX_SIZE, bounded_schema, worst_bytes
+from rlcoach.endpoint.constraint import GUIDED_KINDS, STRUCTURED_KINDS
 from rlcoach.endpoint.schema_support import check_tool_schema
 from rlcoach.engines.stream import CompletionAssembler
 from rlcoach.errors import ToolSchemaError
@@ -187,11 +188,44 @@ class ForcedCall:
             calls = {"type": "sequence", "elements": [_const(before), calls, _const(after)]}
         return {"type": "structural_tag", "format": calls}
 
+    def conflict(self, body: dict[str, Any]) -> str | None:
+        """Why `body` cannot be sampled under this grammar (None: it can): the engine holds
+        a reply to one grammar, so a constraint of the request's own (vLLM's
+        `structured_outputs` or `guided_*`; a JSON `response_format` where the reply may be
+        text) cannot come with it. A forced reply is calls only, so its `response_format`,
+        which governs text, is moot and dropped."""
+        structured = body.get("structured_outputs")
+        structured = structured if isinstance(structured, dict) else {}
+        own = [
+            f"structured_outputs.{kind}"
+            for kind in STRUCTURED_KINDS
+            if structured.get(kind) not in (None, False)
+        ]
+        own += [f"guided_{kind}" for kind in GUIDED_KINDS if body.get(f"guided_{kind}") is not None]
+        response_format = body.get("response_format") or {}
+        declared = response_format.get("type") if isinstance(response_format, dict) else None
+        if self.auto and declared in ("json_schema", "json_object"):
+            own.append(f"response_format {declared}")
+        if not own:
+            return None
+        mine = (
+            "strict tools"
+            if self.auto
+            else f"tool_choice {self.named!r}"
+            if self.named
+            else "tool_choice='required'"
+        )
+        return (
+            f"the request asks for two sampling constraints, {mine} (the endpoint's grammar "
+            f"for the call) and {', '.join(own)}; the engine holds a reply to one grammar; "
+            f"fix: drop {own[0]}, or the {mine}"
+        )
+
     def upstream(self, body: dict[str, Any]) -> dict[str, Any]:
         """The engine's request body: the grammar, and no tool choice for vLLM to act on."""
         upstream = {k: v for k, v in body.items() if k not in ("response_format",)}
         upstream["tool_choice"] = "none"
-        structured = dict(body.get("structured_outputs") or {})
+        structured = dict(body.get("structured_outputs") or {})  # its options, if any
         structured["structural_tag"] = json.dumps(self.structural_tag())
         upstream["structured_outputs"] = structured
         return upstream

@@ -26,6 +26,8 @@ from typing import Any
 
 __all__ = [
     "FORCED_FLOOR",
+    "GUIDED_KINDS",
+    "STRUCTURED_KINDS",
     "TOOL_CHOICES",
     "as_asked",
     "forced_positions",
@@ -43,7 +45,10 @@ TOOL_CHOICES = ("auto", "none", "required", "any")
 """The string values of `tool_choice` the policy endpoint accepts ("any" is LangChain's
 and Anthropic's name for "required")."""
 
-_STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+"""The constraints vLLM's `structured_outputs` can carry (the rest of it are options)."""
+GUIDED_KINDS = ("json", "regex", "choice", "grammar")
+"""vLLM's older request fields for a constraint, `guided_<kind>`."""
 
 
 def normalize_tool_choice(body: dict[str, Any]) -> dict[str, Any]:
@@ -113,10 +118,10 @@ def sampling_constraint(body: dict[str, Any]) -> str | None:
         return "strict_tools"
     structured = body.get("structured_outputs")
     if isinstance(structured, dict):
-        for kind in _STRUCTURED_KINDS:
+        for kind in STRUCTURED_KINDS:
             if structured.get(kind) not in (None, False):
                 return "json_schema" if kind == "json" else kind
-    for kind in ("json", "regex", "choice", "grammar"):
+    for kind in GUIDED_KINDS:
         if body.get(f"guided_{kind}") is not None:
             return "json_schema" if kind == "json" else kind
     response_format = body.get("response_format")

@@ -163,7 +163,7 @@ def _check_body(body: Any) -> str | None:
             or isinstance(number, bool)
             or not least <= number <= most  # also refuses NaN
         ):
-            return f"`{field}` must be a number from {low} to {high}, got {number!r:.40}"
+            return f"`{field}` must be a number from {least} to {most}, got {number!r:.40}"
     stop = body.get("stop")
     if stop is not None and not (
         isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(x, str) for x in stop))
@@ -228,6 +228,10 @@ class Gateway:
             forced = await self._forced_call(body)
         except ToolSchemaError as e:
             return error_response(400, str(e), param="tools", code="unsupported_schema")
+        if forced is not None and (conflict := forced.conflict(body)) is not None:
+            return error_response(
+                400, conflict, param="tool_choice", code="conflicting_constraints"
+            )
         try:
             served, engine_name = await self.router.acquire(body["model"])
         except UnknownModelError as e:

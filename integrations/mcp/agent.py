@@ -5,7 +5,9 @@
 
 One rollout opens one session with the server (for stdio, one server process, so every
 rollout starts from the server's initial state) and closes it on every exit path. Each
-turn the policy sees the conversation and the tools; every tool call it makes is checked
+turn the policy sees the conversation and the tools; its first reply is a tool call
+(`first_tool_choice="required"`, held to the tool's schema by the endpoint's grammar),
+later ones may call tools or answer. Every tool call it makes is checked
 against the tool's schema first (a bad call is answered with the problem and never
 reaches the server), then run with `call_timeout_s`; the result (text, structured
 content as JSON, errors, notes for images) goes back as a tool message cut to
@@ -31,7 +33,7 @@ import json
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -57,6 +59,7 @@ __all__ = [
     "ToolTimeoutError",
     "build_demonstration",
     "example_arguments",
+    "offered_tools",
     "run_agent",
     "tool_use_check",
     "truncate",
@@ -96,6 +99,19 @@ class AgentConfig(Config):
     system_prompt: str = DEFAULT_SYSTEM
     finish_tool: bool = False
     """Also offer a `final_answer(answer)` tool for models that always call a tool."""
+    strict_tools: bool = True
+    """Offer the tools as `strict` (OpenAI's `function.strict`): once the policy opens a
+    call, the endpoint's grammar holds it to an offered tool's name and schema, while a
+    text answer stays free. Off: calls are sampled freely and checked after."""
+    first_tool_choice: Literal["auto", "required"] = "required"
+    """`tool_choice` of the policy's first reply. `required` (every task for a tool server
+    needs its tools): the first reply calls one of the offered tools with arguments that
+    fit its schema, which the policy endpoint's grammar guarantees; the constrained tokens
+    are sampled and trained like any others, only those the grammar left no choice in are
+    kept out of the loss. `auto`: the policy may answer without a call.
+
+    A tool set with a schema no grammar can hold (`ToolSet.unforceable`) gets neither: its
+    calls are sampled freely and checked after."""
     extra_body: dict[str, Any] = Field(default_factory=dict)
     """Extra request fields for the policy's engine (vLLM: `seed`, `top_p`, ...)."""
 
@@ -247,7 +263,7 @@ async def run_agent(
     """
     config = parse_config(AgentConfig, config)
     text, metadata = _scenario_text(scenario)
-    offered = [*tools.tools, _finish_tool()] if config.finish_tool else list(tools.tools)
+    offered = offered_tools(tools, config)
     prompt: list[Message] = [{"role": "system", "content": config.system_prompt}, *demonstration]
     run = AgentRun(text, [*prompt, {"role": "user", "content": text}], given=scenario)
     async with model.rollout(server=server.label, **metadata) as rollout:
@@ -299,12 +315,14 @@ async def _turns(
 ) -> int:
     """The policy's turns; returns how many messages the last request carried."""
     messages, sent = run.messages, 0
+    first = config.first_tool_choice if _held(tools) else "auto"
     while run.turns < config.max_turns and not run.finished:
         sent = len(messages)
         reply = await client.chat.completions.create(
             model=model.served_name,
             messages=messages,
             tools=offered,
+            tool_choice=first if run.turns == 0 else "auto",
             temperature=config.temperature,
             max_tokens=config.max_tokens,
             extra_body=config.extra_body or None,
@@ -322,6 +340,20 @@ async def _turns(
             else:
                 messages.append(await _call(connection, tools, call, config, run))
     return sent
+
+
+def _held(tools: ToolSet) -> bool:
+    """Whether the endpoint's grammar can hold calls to these tools (it refuses to force
+    or `strict`-check a schema it cannot enforce)."""
+    return not tools.unforceable()
+
+
+def offered_tools(tools: ToolSet, config: AgentConfig) -> list[Tool]:
+    """The tools as the policy is offered them (rollouts and the SFT warm-up alike)."""
+    offered = [*tools.tools, _finish_tool()] if config.finish_tool else list(tools.tools)
+    if not (config.strict_tools and _held(tools)):
+        return offered
+    return [{**t, "function": {**t["function"], "strict": True}} for t in offered]
 
 
 def _finish_answer(arguments: str | None) -> str:

@@ -223,6 +223,13 @@ def train(
         "max_tokens"
     ],
     system_prompt: Annotated[str | None, typer.Option(help="The agent's system prompt.")] = None,
+    first_tool_choice: Annotated[
+        str,
+        typer.Option(
+            help="tool_choice of the agent's first reply: required (a call that fits a "
+            "tool's schema) or auto (it may answer without one)."
+        ),
+    ] = _A["first_tool_choice"],
     demonstration: Annotated[
         bool, typer.Option(help="A worked example from a real call before each task.")
     ] = False,
@@ -324,6 +331,7 @@ def train(
                 result_chars=result_chars,
                 max_tokens=max_tokens,
                 system_prompt=system_prompt or DEFAULT_SYSTEM,
+                first_tool_choice=first_tool_choice,
             ),
             generator=Endpoint(
                 url=generator_url, model=generator_model, api_key_env=generator_key_env

@@ -31,7 +31,7 @@ from rlcoach.integrations.mcp.safety import ToolSafety
 from rlcoach.integrations.mcp.tools import ToolSet
 from rlcoach.model import Model
 from rlcoach.models.usage import ModelUsage
-from rlcoach.trajectory.trajectories import ChatRecord, Message
+from rlcoach.trajectory.trajectories import ChatRecord, Message, Tool
 
 __all__ = ["blend_generated", "nothing_to_train_message", "server_scenarios", "worked_examples"]
 
@@ -160,11 +160,13 @@ def worked_examples(
     *,
     result_chars: int = 1500,
     limit: int = 32,
+    offered: Sequence[Tool] | None = None,
 ) -> list[ChatRecord]:
     """SFT records from grounded scenarios: the system prompt, the request, the recorded
     calls (two for a chained task) each with the server's answer (cut as the agent cuts
     it), and a reply with the key facts. Framed as the agent frames a task, with the
-    tools it offers."""
+    tools it offers (`offered`, as `agent.offered_tools` writes them; default: `tools`')."""
+    shown = list(offered) if offered is not None else tools.tools
     out: list[ChatRecord] = []
     for index, record in enumerate(r for r in records if answer_facts(r)):
         if len(out) >= limit:
@@ -192,5 +194,5 @@ def worked_examples(
                 },
             ]
         messages.append({"role": "assistant", "content": worked_answer(answer_facts(record))})
-        out.append(ChatRecord(messages=messages, tools=tools.tools))
+        out.append(ChatRecord(messages=messages, tools=shown))
     return out

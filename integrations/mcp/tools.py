@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlcoach.errors import RLCoachError
+from rlcoach.endpoint.schema_support import check_tool_schema
+from rlcoach.errors import RLCoachError, ToolSchemaError
 from rlcoach.integrations.mcp.sql_guard import read_only_sql_error
 from rlcoach.trajectory.trajectories import Tool
 
@@ -195,6 +196,17 @@ class ToolSet:
         self.server_names[openai_name] = server_name if server_name is not None else name
         self.schemas[openai_name] = parameters
         return openai_name
+
+    def unforceable(self) -> list[str]:
+        """Why a forced call's grammar cannot hold a tool's schema, one line per such tool
+        (the policy endpoint refuses to force or `strict`-check a call over it)."""
+        problems = []
+        for name, schema in self.schemas.items():
+            try:
+                check_tool_schema(name, schema)
+            except ToolSchemaError as e:
+                problems.append(str(e))
+        return problems
 
     def only(self, names: Sequence[str]) -> ToolSet:
         """The same tools, less those not in `names` (e.g. the unsafe ones)."""

@@ -33,7 +33,7 @@ from rlcoach.autorl.types import InputRecord
 from rlcoach.backend.local import LocalBackend
 from rlcoach.backend.pipeline import PipelineRun, PipelineStep, Validation, run_pipeline
 from rlcoach.errors import ConfigError
-from rlcoach.integrations.mcp.agent import AgentConfig, Check, run_agent
+from rlcoach.integrations.mcp.agent import AgentConfig, Check, offered_tools, run_agent
 from rlcoach.integrations.mcp.connection import ServerSpec
 from rlcoach.integrations.mcp.discovery import Discovery, discover, load_check
 from rlcoach.integrations.mcp.explore import Exploration, sandboxed
@@ -197,12 +197,14 @@ async def _warm_up(
     system: Message = {"role": "system", "content": config.agent.system_prompt}
     # A user's demonstration is blocks of (request, call, result, reply), one per example.
     blocks = [found.demonstration[i : i + 4] for i in range(0, len(found.demonstration), 4)]
-    records = [ChatRecord(messages=[system, *block], tools=found.tools.tools) for block in blocks]
+    offered = offered_tools(found.tools, config.agent)
+    records = [ChatRecord(messages=[system, *block], tools=offered) for block in blocks]
     records += worked_examples(
         train,
         found.tools,
         config.agent.system_prompt,
         result_chars=config.agent.result_chars,
+        offered=offered,
         limit=max(config.warmup_examples - len(records), 0),
     )
     # A token is about 3.5 characters of this JSON-heavy text (measured: 434 tokens for
@@ -486,6 +488,11 @@ def _log_discovery(config: MCPTrainConfig, found: Discovery) -> None:
             else ""
         )
     )
+    if problems := found.tools.unforceable():
+        _log(
+            "calls sampled freely and checked after (no forced first call, no strict "
+            f"tools): no grammar holds {'; '.join(problems)}"
+        )
 
 
 async def _split_scenarios(

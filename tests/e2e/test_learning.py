@@ -1,12 +1,16 @@
 """A short real GRPO run (vLLM + LoRA trainer) on the demo's tool-use task must learn.
 
 Held-out success (reward 1.0: the right `add` call, then the sum) is measured on 24
-questions x 2 samples at temperature 1 before and after 4 steps of 2 questions x 8
-attempts. Seeds are fixed, but vLLM sampling on the CPU is not bit-reproducible, so the
-margin is set against drift: each success rate is a mean of 48 Bernoulli samples, whose
-standard deviation is at most 0.5 / sqrt(48) = 0.072, so the difference of two has a
-standard deviation of at most 0.102. A rise of 0.30 is about three of those; runs here
-went from about 0.1 to above 0.6.
+questions x 2 samples at temperature 1 before and after training on batches of 2
+questions x 8 attempts. Seeds are fixed, but vLLM's sampling on the CPU is not
+bit-reproducible and differs between CPUs, and so does how fast a run learns: here runs
+went from about 0.1 to 0.85-0.92 in four steps, and one run elsewhere was still at a
+training reward of 0.66 after four (held-out success 0.23). So the run trains at least
+four steps and goes on, up to eight, while the newest batch's mean reward, measured
+before training on it, is below 0.8; that reward is the current policy's on fresh
+questions. The margin is set against drift: each success rate is a mean of 48 Bernoulli
+samples, whose standard deviation is at most 0.5 / sqrt(48) = 0.072, so the difference
+of two has a standard deviation of at most 0.102; a rise of 0.30 is about three of those.
 """
 
 import pytest
@@ -18,6 +22,7 @@ from rlcoach.demo.task import run_question, split_questions
 pytestmark = pytest.mark.vllm
 
 MARGIN = 0.30
+MIN_STEPS, MAX_STEPS, LEARNED = 4, 8, 0.8
 
 
 async def test_grpo_raises_held_out_success(vllm_backend):
@@ -28,13 +33,13 @@ async def test_grpo_raises_held_out_success(vllm_backend):
     before = await evaluate(model, client, held_out, samples=2, progress=False)
     rewards, trained = [], 0
     for batch in iterate_dataset(training, batch_size=2, seed=0):
-        if batch.step == 4:
-            break
         groups = await gather_trajectory_groups(
             [[run_question(model, client, q) for _ in range(8)] for q in batch.items],
             progress=False,
         )
         rewards.append(sum(r for g in groups for r in g.rewards) / 16)
+        if batch.step == MAX_STEPS or (batch.step >= MIN_STEPS and rewards[-1] >= LEARNED):
+            break
         result = await model.train(groups)
         # A step whose groups all got equal rewards (e.g. all solved) is skipped, not trained.
         trained += result.stats.trained

@@ -31,7 +31,14 @@ INVENTORY = ServerSpec(command=[sys.executable, "-m", "rlcoach.integrations.mcp.
 def forced(name: str, arguments: dict, **config) -> dict:
     """An agent config whose replies are constrained to this one tool call."""
     call = f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
-    return {"max_turns": 1, "extra_body": {"structured_outputs": {"choice": [call]}}, **config}
+    return {
+        "max_turns": 1,
+        # The choice constraint alone decides the reply: no call grammar beside it.
+        "first_tool_choice": "auto",
+        "strict_tools": False,
+        "extra_body": {"structured_outputs": {"choice": [call]}},
+        **config,
+    }
 
 
 @pytest.fixture(scope="module")

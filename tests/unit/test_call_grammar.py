@@ -242,3 +242,26 @@ def test_a_strict_call_keeps_the_text_before_it():
     assert answered["finish_reason"] == "tool_calls"
     free = {"message": {"role": "assistant", "content": "5"}, "finish_reason": "stop"}
     assert with_tool_calls(free, forced, forced.tool_calls("5")) == free
+
+
+def test_a_second_constraint_beside_the_call_grammar_is_named_not_merged():
+    """The engine holds a reply to one grammar: a request's own constraint beside a forced
+    call (or strict tools) is refused by name; options and a moot response_format pass."""
+    choice = {"structured_outputs": {"choice": ["yes", "no"]}}
+    problem = forced_call({**REQUIRED, **choice}, "hermes").conflict({**REQUIRED, **choice})
+    assert "tool_choice='required'" in problem and "structured_outputs.choice" in problem
+    assert "fix: drop structured_outputs.choice" in problem
+    named = {**NAMED, "guided_regex": "a+"}
+    assert "guided_regex" in forced_call(named, "hermes").conflict(named)
+    strict = {**ADD, "function": {**ADD["function"], "strict": True}}
+    json_text = {"tools": [strict], "response_format": {"type": "json_object"}}
+    assert "strict tools" in forced_call(json_text, "hermes").conflict(json_text)
+    # A forced reply is calls only: its response_format is moot; options are no constraint.
+    quiet = {
+        **REQUIRED,
+        "response_format": {"type": "json_object"},
+        "structured_outputs": {"disable_any_whitespace": True},
+    }
+    call = forced_call(quiet, "hermes")
+    assert call.conflict(quiet) is None
+    assert call.upstream(quiet)["structured_outputs"]["disable_any_whitespace"] is True

@@ -83,3 +83,25 @@ def test_argument_checks_name_the_tool_and_the_problem():
     assert "at b: 'x' is not of type 'integer'" in tools.check_call("add", '{"a":1,"b":"x"}').error
     assert "must be a JSON object, not list" in tools.check_call("add", "[1, 2]").error
     assert "'b' is a required property" in tools.check_call("add", {"a": 1}).error
+
+
+def test_tools_are_offered_strict_unless_a_schema_is_beyond_the_grammar():
+    from rlcoach.integrations.mcp.agent import AgentConfig, offered_tools
+
+    plain = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+    tools = convert_tools([_tool("read", plain), _tool("stat", plain)])
+    assert tools.unforceable() == []
+    offered = offered_tools(tools, AgentConfig())
+    assert [t["function"]["strict"] for t in offered] == [True, True]
+    assert "strict" not in tools.tools[0]["function"]  # the tool set itself is unchanged
+    finish = offered_tools(tools, AgentConfig(finish_tool=True, strict_tools=False))
+    assert [t["function"]["name"] for t in finish] == ["read", "stat", "final_answer"]
+    assert not any("strict" in t["function"] for t in finish)
+
+    # xgrammar ignores `not`: forcing or strict-checking such a tool would break the promise,
+    # so the whole set is offered as it is and its calls are checked after sampling.
+    odd = {"type": "object", "properties": {"n": {"type": "integer", "not": {"const": 0}}}}
+    mixed = convert_tools([_tool("read", plain), _tool("pick", odd)])
+    [problem] = mixed.unforceable()
+    assert "tool 'pick'" in problem and "`not` at #/properties/n" in problem
+    assert not any("strict" in t["function"] for t in offered_tools(mixed, AgentConfig()))
