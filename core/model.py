@@ -22,13 +22,13 @@ from pydantic import BaseModel
 
 from rlcoach.compat.art_config import internal_config, train_options
 from rlcoach.config import SFTConfig, TrainConfig, check_name, parse_config
-from rlcoach.endpoint.gateway import ROLLOUT_HEADER
+from rlcoach.endpoint.gateway import EVALUATION_HEADER, ROLLOUT_HEADER
 from rlcoach.errors import ConfigError
 from rlcoach.models.base_model import parse_hub_id
 from rlcoach.models.bundled import BUNDLED_MODEL
 from rlcoach.models.served_name import ServedName
 from rlcoach.rollout.capture import CapturedRollout, ClientRecorder
-from rlcoach.rollout.scope import Rollout, current_rollout_id
+from rlcoach.rollout.scope import Rollout, current_rollout_id, evaluating
 from rlcoach.rollout.teacher import Teacher
 from rlcoach.trajectory.trajectories import ChatRecord, Scalar, Trajectory, TrajectoryGroup
 
@@ -46,6 +46,8 @@ def _tag_rollout_sync(request: httpx.Request) -> None:
     rollout_id = current_rollout_id()
     if rollout_id is not None and ROLLOUT_HEADER not in request.headers:
         request.headers[ROLLOUT_HEADER] = rollout_id
+        if evaluating():
+            request.headers[EVALUATION_HEADER] = "1"
 
 
 async def _tag_rollout(request: httpx.Request) -> None:
@@ -302,9 +304,10 @@ class TrainableModel(Model):
         """The model's current step (ART's spelling; `model.step` holds the same)."""
         return self.step
 
-    def rollout(self, **metadata: Scalar) -> Rollout:
-        """A scope whose policy calls become one trajectory."""
-        return Rollout(self.backend, **metadata)
+    def rollout(self, *, evaluation: bool = False, **metadata: Scalar) -> Rollout:
+        """A scope whose policy calls become one trajectory; `evaluation=True` for one
+        that is measured, never trained on (a held-out split: see rollout/scope.py)."""
+        return Rollout(self.backend, evaluation=evaluation, **metadata)
 
     def _queued(self, start: Callable[[], Awaitable[T]]) -> asyncio.Task[T]:
         """Run `start()` after the model's earlier steps, as a task (steps never overlap

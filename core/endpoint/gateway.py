@@ -58,7 +58,7 @@ from rlcoach.endpoint.constraint import (
     unknown_tool_problem,
 )
 from rlcoach.endpoint.recorder import Recorder
-from rlcoach.endpoint.rescore import RescoreGate, rescored_choices
+from rlcoach.endpoint.rescore import RescoreGate, rescored_choices, unscored_choices
 from rlcoach.endpoint.router import Router
 from rlcoach.endpoint.schema_support import check_tool_schema
 from rlcoach.endpoint.scoring import prompt_logprobs_response
@@ -75,11 +75,13 @@ from rlcoach.errors import (
 from rlcoach.trajectory.histories import message_key
 from rlcoach.trajectory.trajectories import CHOICE_KEY, TIMING_KEY
 
-__all__ = ["ROLLOUT_HEADER", "Gateway", "Recorder"]
+__all__ = ["EVALUATION_HEADER", "ROLLOUT_HEADER", "Gateway", "Recorder"]
 
 logger = logging.getLogger(__name__)
 
 ROLLOUT_HEADER = "x-rlcoach-rollout"
+EVALUATION_HEADER = "x-rlcoach-evaluation"
+"""`1` on a call of an evaluation rollout: its constrained replies are not re-scored."""
 
 T = TypeVar("T")
 
@@ -241,6 +243,7 @@ class Gateway:
         await self._gate.enter()
         call = _Call(body, served, engine_name, request.headers.get(ROLLOUT_HEADER), received)
         call.forced = forced
+        call.evaluation = request.headers.get(EVALUATION_HEADER) == "1"
         streaming = False
         try:
             upstream = await self._upstream_body(call)
@@ -432,12 +435,15 @@ class Gateway:
             await self.router.release(call.engine_name)
 
     async def _record(self, call: _Call, response: dict[str, Any], latency_s: float) -> None:
-        """Keep the exchange under its rollout id (constrained choices re-scored first)."""
+        """Keep the exchange under its rollout id (constrained choices re-scored first,
+        unless the rollout is an evaluation: then kept out of the loss as sampled)."""
         if not call.rollout_id:
             return
         timing = {"started_at": call.received, "latency_s": latency_s}
         recorded = {**response, TIMING_KEY: timing}
-        if call.constraint is not None:
+        if call.constraint is not None and call.evaluation:
+            recorded["choices"] = unscored_choices(call.constraint, response)
+        elif call.constraint is not None:
             recorded["choices"] = await rescored_choices(
                 self.engine, self._gate, call.engine_name, call.constraint, response
             )
@@ -556,6 +562,7 @@ class _Call:
         "body",
         "constraint",
         "engine_name",
+        "evaluation",
         "forced",
         "received",
         "rollout_id",
@@ -577,6 +584,7 @@ class _Call:
         self.received = received
         self.constraint = sampling_constraint(body)
         self.forced: ForcedCall | None = None
+        self.evaluation = False
 
 
 def _text(choice: dict[str, Any]) -> str:

@@ -4,7 +4,10 @@ vLLM reports a constrained token's log-prob after the grammar's mask (constraint
 says why that is wrong for training), so before the gateway (gateway.py) records a
 constrained completion, `rescored_choices` asks the engine for the log-probs of the
 same tokens without the grammar (`Engine.token_logprobs`) and marks the positions the
-grammar forced. The client still gets the engine's own answer.
+grammar forced. The client still gets the engine's own answer. An evaluation rollout's
+constrained completion (`model.rollout(evaluation=True)`) is not re-scored: it is kept
+as sampled, with every position marked forced, so none of it is ever trained
+(`unscored_choices`), as is one whose re-scoring fails.
 
 Where the engine cannot re-score while other chats run (`rescore_alone`: vLLM on a CPU,
 which batches by requests, not tokens), the `RescoreGate` that every chat passes lets
@@ -25,7 +28,7 @@ from rlcoach.engines.base import Engine, EngineHTTPError
 from rlcoach.errors import EngineError
 from rlcoach.trajectory.trajectories import CHOICE_KEY
 
-__all__ = ["RescoreGate", "rescored_choices"]
+__all__ = ["RescoreGate", "rescored_choices", "unscored_choices"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,15 +62,28 @@ async def _rescored(
             engine_name, [*prompt, *choice["token_ids"]], len(prompt)
         )
     except (EngineError, EngineHTTPError) as e:
-        # Unknown free log-probs: keep the tokens, train none of them.
         logger.warning("could not re-score a constrained completion (%s); not trained", e)
-        free = [entry["logprob"] for entry in content]
-        forced = list(range(len(content)))
+        return _untrained(constraint, choice)
     entries = [
         {"token": entry.get("token"), "logprob": logprob}
         for entry, logprob in zip(content, free, strict=True)
     ]
     extra = {"forced": forced, "constraint": constraint}
+    return {**choice, "logprobs": {"content": entries}, CHOICE_KEY: extra}
+
+
+def unscored_choices(constraint: str, response: dict[str, Any]) -> list[dict[str, Any]]:
+    """The choices of a constrained completion that is not re-scored (an evaluation's):
+    the tokens kept with the engine's log-probs, none of them trained."""
+    return [_untrained(constraint, choice) for choice in response["choices"]]
+
+
+def _untrained(constraint: str, choice: dict[str, Any]) -> dict[str, Any]:
+    """A constrained choice whose free log-probs are unknown: every position marked forced,
+    so that no token of it is trained."""
+    content = (choice.get("logprobs") or {}).get("content") or []
+    entries = [{"token": entry.get("token"), "logprob": entry["logprob"]} for entry in content]
+    extra = {"forced": list(range(len(content))), "constraint": constraint}
     return {**choice, "logprobs": {"content": entries}, CHOICE_KEY: extra}
 
 

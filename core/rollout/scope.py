@@ -9,6 +9,12 @@ The scope puts its id in a context variable; clients from `model.openai_client()
 it as the `X-RLCoach-Rollout` header, so code deep inside an agent framework is
 recorded without passing anything around (asyncio tasks inherit the variable). On exit
 the gateway's exchanges for that id become the trajectory's histories.
+
+`model.rollout(evaluation=True)` is a rollout that is measured, never trained on (a
+held-out split): its clients also send `X-RLCoach-Evaluation: 1`, and the policy
+endpoint records a grammar-constrained reply as it was sampled instead of re-scoring it
+without the grammar (a prompt pass of its own, alone on a CPU engine): such a reply is
+kept out of the loss should the trajectory ever reach a trainer.
 """
 
 from __future__ import annotations
@@ -25,16 +31,24 @@ from rlcoach.trajectory.trajectories import Message, Scalar, Trajectory
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
-__all__ = ["ExchangeSource", "Rollout", "current_rollout_id"]
+__all__ = ["ExchangeSource", "Rollout", "current_rollout_id", "evaluating"]
 
 _CURRENT: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "rlcoach_rollout", default=None
+)
+_EVALUATING: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "rlcoach_evaluation", default=False
 )
 
 
 def current_rollout_id() -> str | None:
     """The id of the innermost active rollout scope, if any."""
     return _CURRENT.get()
+
+
+def evaluating() -> bool:
+    """Whether the innermost active rollout scope is an evaluation (never trained on)."""
+    return _EVALUATING.get()
 
 
 class ExchangeSource(Protocol):
@@ -46,10 +60,14 @@ class ExchangeSource(Protocol):
 class Rollout:
     """An async context manager that records one trajectory."""
 
-    def __init__(self, source: ExchangeSource, **metadata: Scalar) -> None:
+    def __init__(
+        self, source: ExchangeSource, *, evaluation: bool = False, **metadata: Scalar
+    ) -> None:
         self._source = source
+        self.evaluation = evaluation
         self.trajectory = Trajectory(metadata=dict(metadata))
         self._token: contextvars.Token[str | None] | None = None
+        self._mode: contextvars.Token[bool] | None = None
 
     @property
     def id(self) -> str:
@@ -78,6 +96,7 @@ class Rollout:
 
     async def __aenter__(self) -> Rollout:
         self._token = _CURRENT.set(self.trajectory.id)
+        self._mode = _EVALUATING.set(self.evaluation)
         self.trajectory.started_at = time.time()
         return self
 
@@ -90,6 +109,9 @@ class Rollout:
         if self._token is not None:
             _CURRENT.reset(self._token)
             self._token = None
+        if self._mode is not None:
+            _EVALUATING.reset(self._mode)
+            self._mode = None
         self.trajectory.finished_at = time.time()
         await self.collect()
 

@@ -68,7 +68,7 @@ from rlcoach.backend.local import LocalBackend, StepResult
 from rlcoach.backend.retention import remove_checkpoint
 from rlcoach.backend.training_input import TrainingLimits, check_examples, check_groups
 from rlcoach.config import check_name
-from rlcoach.endpoint.gateway import ROLLOUT_HEADER
+from rlcoach.endpoint.gateway import EVALUATION_HEADER, ROLLOUT_HEADER
 from rlcoach.errors import ConfigError, TrainingDataError
 from rlcoach.model import TrainableModel
 from rlcoach.models.served_name import ServedName
@@ -340,9 +340,9 @@ class PolicyServer:
         streaming = False
         try:
             headers = {"content-type": "application/json"}
-            rollout = request.headers.get(ROLLOUT_HEADER)
-            if rollout:
-                headers[ROLLOUT_HEADER] = rollout
+            for name in (ROLLOUT_HEADER, EVALUATION_HEADER):
+                if value := request.headers.get(name):
+                    headers[name] = value
             assert self._upstream is not None
             sent = self._upstream.build_request(
                 "POST", "/v1/chat/completions", content=body, headers=headers

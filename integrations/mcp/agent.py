@@ -5,7 +5,7 @@
 
 One rollout opens one session with the server (for stdio, one server process, so every
 rollout starts from the server's initial state) and closes it on every exit path. Each
-turn the policy sees the conversation and the tools; its first reply is a tool call
+turn the policy sees the conversation and the tools; its first reply is one tool call
 (`first_tool_choice="required"`, held to the tool's schema by the endpoint's grammar),
 later ones may call tools or answer. Every tool call it makes is checked
 against the tool's schema first (a bad call is answered with the problem and never
@@ -99,19 +99,26 @@ class AgentConfig(Config):
     system_prompt: str = DEFAULT_SYSTEM
     finish_tool: bool = False
     """Also offer a `final_answer(answer)` tool for models that always call a tool."""
-    strict_tools: bool = True
-    """Offer the tools as `strict` (OpenAI's `function.strict`): once the policy opens a
-    call, the endpoint's grammar holds it to an offered tool's name and schema, while a
-    text answer stays free. Off: calls are sampled freely and checked after."""
     first_tool_choice: Literal["auto", "required"] = "required"
     """`tool_choice` of the policy's first reply. `required` (every task for a tool server
-    needs its tools): the first reply calls one of the offered tools with arguments that
+    needs its tools): the first reply is one call of an offered tool with arguments that
     fit its schema, which the policy endpoint's grammar guarantees; the constrained tokens
     are sampled and trained like any others, only those the grammar left no choice in are
-    kept out of the loss. `auto`: the policy may answer without a call.
+    kept out of the loss. `auto`: the policy may answer without a call."""
+    call_max_tokens: int = Field(1024, ge=8)
+    """Completion budget of a forced first reply (at least `max_tokens`). The reply ends
+    where its call does, so this only bounds the call's values: the endpoint bounds each
+    free value so that the call fits the budget at its longest (4 bytes a character, 1 a
+    token), and at 192 tokens `mcp-server-git`'s `git_log` would get 3 characters for its
+    repository path; at 1024, 70."""
+    strict_tools: bool = False
+    """Offer the tools as `strict` (OpenAI's `function.strict`): once the policy opens a
+    call in any reply, the grammar holds it to an offered tool's name and schema, while a
+    text answer stays free. Off by default: such a reply may be text, so its budget stays
+    `max_tokens`, which bounds the call's values as above (3 characters for that path).
 
-    A tool set with a schema no grammar can hold (`ToolSet.unforceable`) gets neither: its
-    calls are sampled freely and checked after."""
+    A tool set with a schema no grammar can hold (`ToolSet.unforceable`) gets neither a
+    forced first call nor strict tools: its calls are sampled freely and checked after."""
     extra_body: dict[str, Any] = Field(default_factory=dict)
     """Extra request fields for the policy's engine (vLLM: `seed`, `top_p`, ...)."""
 
@@ -255,18 +262,21 @@ async def run_agent(
     config: AgentConfig | dict[str, Any] | None = None,
     demonstration: Sequence[Message] = (),
     check: Check = tool_use_check,
+    evaluation: bool = False,
 ) -> Trajectory:
     """One rollout of `scenario` (a string or an `InputRecord`); see the module docstring.
 
     `demonstration` messages go between the system prompt and the task (a worked example
     for small models, see `build_demonstration`); they are prompt, never trained on.
+    `evaluation=True`: a held-out rollout, measured and never trained on
+    (`model.rollout(evaluation=True)`).
     """
     config = parse_config(AgentConfig, config)
     text, metadata = _scenario_text(scenario)
     offered = offered_tools(tools, config)
     prompt: list[Message] = [{"role": "system", "content": config.system_prompt}, *demonstration]
     run = AgentRun(text, [*prompt, {"role": "user", "content": text}], given=scenario)
-    async with model.rollout(server=server.label, **metadata) as rollout:
+    async with model.rollout(evaluation=evaluation, server=server.label, **metadata) as rollout:
         rollout.trajectory.metadata["prompt_messages"] = len(prompt)
         try:
             async with asyncio.timeout(config.rollout_timeout_s), connect(server) as connection:
@@ -315,17 +325,26 @@ async def _turns(
 ) -> int:
     """The policy's turns; returns how many messages the last request carried."""
     messages, sent = run.messages, 0
-    first = config.first_tool_choice if _held(tools) else "auto"
+    forced = config.first_tool_choice == "required" and _held(tools)
     while run.turns < config.max_turns and not run.finished:
         sent = len(messages)
+        # One call, with room for its values (see AgentConfig.call_max_tokens).
+        first: dict[str, Any] = (
+            {
+                "tool_choice": "required",
+                "parallel_tool_calls": False,
+                "max_tokens": max(config.max_tokens, config.call_max_tokens),
+            }
+            if forced and run.turns == 0
+            else {"tool_choice": "auto", "max_tokens": config.max_tokens}
+        )
         reply = await client.chat.completions.create(
             model=model.served_name,
             messages=messages,
             tools=offered,
-            tool_choice=first if run.turns == 0 else "auto",
             temperature=config.temperature,
-            max_tokens=config.max_tokens,
             extra_body=config.extra_body or None,
+            **first,
         )
         run.turns += 1
         message = reply.choices[0].message

@@ -230,6 +230,10 @@ def train(
             "tool's schema) or auto (it may answer without one)."
         ),
     ] = _A["first_tool_choice"],
+    strict_tools: Annotated[
+        bool,
+        typer.Option(help="Offer the tools strict: every call fits its tool's schema."),
+    ] = _A["strict_tools"],
     demonstration: Annotated[
         bool, typer.Option(help="A worked example from a real call before each task.")
     ] = False,
@@ -332,6 +336,7 @@ def train(
                 max_tokens=max_tokens,
                 system_prompt=system_prompt or DEFAULT_SYSTEM,
                 first_tool_choice=first_tool_choice,
+                strict_tools=strict_tools,
             ),
             generator=Endpoint(
                 url=generator_url, model=generator_model, api_key_env=generator_key_env

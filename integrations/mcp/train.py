@@ -158,6 +158,7 @@ async def _rollouts(
     description: str,
     after_each: Any = None,
     agent: AgentConfig | None = None,
+    evaluation: bool = False,
 ) -> list[TrajectoryGroup]:
     client = model.openai_client()
     return await gather_trajectory_groups(
@@ -172,6 +173,7 @@ async def _rollouts(
                     config=agent or config.agent,
                     demonstration=found.demonstration,
                     check=check,
+                    evaluation=evaluation,
                 )
                 for _ in range(samples)
             ]
@@ -533,6 +535,7 @@ def _evaluator(
             config.eval_samples,
             f"eval {model.served_name}",
             agent=config.agent.model_copy(update={"temperature": config.eval_temperature}),
+            evaluation=True,
         )
         save_groups(paths.dir / f"eval_{key}.jsonl", groups)
         result = summarize(groups)

@@ -36,14 +36,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from rlcoach.endpoint.gateway import EVALUATION_HEADER, ROLLOUT_HEADER
 from rlcoach.errors import EngineStartError
 from rlcoach.models.served_name import ServedName
 
-__all__ = ["ROLLOUT_HEADER", "EntryPoint", "ReplicaState"]
+__all__ = ["EntryPoint", "ReplicaState"]
 
 logger = logging.getLogger(__name__)
 
-ROLLOUT_HEADER = "x-rlcoach-rollout"
 LOST_STATUS = 410
 _MAX_AFFINITY = 200_000
 _FAILURES = (httpx.TransportError,)
@@ -314,7 +314,7 @@ class EntryPoint:
 
 
 def _forwarded(request: Request) -> dict[str, str]:
-    keep = ("content-type", "authorization", ROLLOUT_HEADER, "accept")
+    keep = ("content-type", "authorization", ROLLOUT_HEADER, EVALUATION_HEADER, "accept")
     return {k: v for k, v in request.headers.items() if k.lower() in keep}
 
 

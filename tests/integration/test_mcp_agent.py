@@ -35,7 +35,6 @@ def forced(name: str, arguments: dict, **config) -> dict:
         "max_turns": 1,
         # The choice constraint alone decides the reply: no call grammar beside it.
         "first_tool_choice": "auto",
-        "strict_tools": False,
         "extra_body": {"structured_outputs": {"choice": [call]}},
         **config,
     }

@@ -192,3 +192,51 @@ async def test_the_client_gets_logprobs_only_when_it_asks_and_the_rollout_always
         recorded = exchange.sampled(0)
         assert recorded.logprobs == engine_said and recorded.token_ids == vllm_choice["token_ids"]
         assert response["model"] == ReplayEngine.base_name
+
+
+async def test_an_evaluation_rollouts_constrained_reply_is_kept_as_sampled_and_untrained(
+    gateway, monkeypatch
+):
+    """Held-out rollouts are measured, never trained: the gateway skips the re-scoring (a
+    prompt pass of its own) and marks every position forced, so no token can be trained;
+    `model.rollout(evaluation=True)` makes the model's clients say so."""
+    import httpx
+    import openai
+
+    from rlcoach.endpoint.gateway import EVALUATION_HEADER
+    from rlcoach.model import _tag_rollout_sync
+    from rlcoach.rollout.scope import Rollout
+    from rlcoach.trainer.sequences import build_sequences
+    from rlcoach.trajectory.trajectories import Trajectory
+
+    class Source:
+        async def take_exchanges(self, rollout_id):
+            return []
+
+    for evaluation in (True, False):
+        async with Rollout(Source(), evaluation=evaluation, task="t"):
+            request = httpx.Request("POST", "http://x/v1/chat/completions")
+            _tag_rollout_sync(request)
+        assert (request.headers.get(EVALUATION_HEADER) == "1") is evaluation
+        assert ROLLOUT_HEADER in request.headers
+
+    async def never(*args):
+        raise AssertionError("an evaluation's reply was re-scored")
+
+    monkeypatch.setattr(gateway.engine, "token_logprobs", never)
+    client = openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="x", max_retries=0)
+    await client.chat.completions.create(
+        model=ReplayEngine.base_name,
+        messages=[{"role": "user", "content": "What is 2 + 3?"}],
+        extra_headers={ROLLOUT_HEADER: "e1", EVALUATION_HEADER: "1"},
+        tools=TOOLS,
+        tool_choice="required",
+    )
+    [exchange] = gateway.recorder.take("e1")
+    choice = exchange.sampled(0)
+    sampled = CAPTURED["required"]["response"]["choices"][0]
+    assert choice.logprobs == [e["logprob"] for e in sampled["logprobs"]["content"]]
+    assert choice.constraint == "tool_choice=required"
+    assert choice.forced == list(range(len(choice.token_ids)))
+    trajectory = Trajectory(choices=[choice], reward=1.0)
+    assert build_sequences(trajectory, 1.0) == []  # nothing of it reaches a trainer

@@ -85,13 +85,14 @@ def test_argument_checks_name_the_tool_and_the_problem():
     assert "'b' is a required property" in tools.check_call("add", {"a": 1}).error
 
 
-def test_tools_are_offered_strict_unless_a_schema_is_beyond_the_grammar():
+def test_tools_are_offered_strict_when_asked_unless_a_schema_is_beyond_the_grammar():
     from rlcoach.integrations.mcp.agent import AgentConfig, offered_tools
 
     plain = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
     tools = convert_tools([_tool("read", plain), _tool("stat", plain)])
     assert tools.unforceable() == []
-    offered = offered_tools(tools, AgentConfig())
+    assert not any("strict" in t["function"] for t in offered_tools(tools, AgentConfig()))
+    offered = offered_tools(tools, AgentConfig(strict_tools=True))
     assert [t["function"]["strict"] for t in offered] == [True, True]
     assert "strict" not in tools.tools[0]["function"]  # the tool set itself is unchanged
     finish = offered_tools(tools, AgentConfig(finish_tool=True, strict_tools=False))
@@ -104,4 +105,5 @@ def test_tools_are_offered_strict_unless_a_schema_is_beyond_the_grammar():
     mixed = convert_tools([_tool("read", plain), _tool("pick", odd)])
     [problem] = mixed.unforceable()
     assert "tool 'pick'" in problem and "`not` at #/properties/n" in problem
-    assert not any("strict" in t["function"] for t in offered_tools(mixed, AgentConfig()))
+    strict = AgentConfig(strict_tools=True)
+    assert not any("strict" in t["function"] for t in offered_tools(mixed, strict))
