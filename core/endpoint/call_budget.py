@@ -36,18 +36,21 @@ when another fits; a named tool that does not fit is sampled anyway and cut.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 __all__ = ["MAX_SIZE", "bounded_schema", "worst_bytes"]
 
 MAX_SIZE = 2048
 """The largest free-value size `k` (characters of a string): the grammar of a string this
-long compiles in about a second, a longer one takes many."""
+long takes xgrammar about 9 s to compile here (235 characters: 0.9 s; vLLM keeps a
+compiled grammar for the next request that asks for the same), a longer one more."""
 
 _BYTES_PER_CHAR = 4  # UTF-8
-_STRING = '^[^\\x00-\\x1f"\\\\]{{{},{}}}$'
-_STRING_BOUND = re.compile(re.escape('^[^\\x00-\\x1f"\\\\]{') + r"\d+,(\d+)\}\$")
+_CHAR = '[^\\x00-\\x1f"\\\\]'  # a character a bounded string may hold
+_REPEAT = 128
+"""The longest repetition one regex quantifier may ask of xgrammar: 0.2.8 (vLLM 0.32's)
+fails to compile a larger one with its cache on, as vLLM runs it ("per_rule_fsm_hashes":
+`[a-z]{0,129}` fails, `{0,128}` compiles), so a longer bound is written in pieces."""
 _MAX_DIGITS = 15
 _DECIMALS = 6  # xgrammar writes a number with minimum/maximum with at most 6 decimals
 _WHITESPACE = 1  # at most one whitespace character in a row (call_grammar.py)
@@ -171,14 +174,44 @@ def _any(k: int) -> dict[str, Any]:
 def _string(shortest: int, longest: int) -> dict[str, Any]:
     """A string of `shortest` to `longest` characters, none of them a control character,
     `"` or `\\`, as a `pattern` (xgrammar's `maxLength` lets control characters through,
-    which JSON forbids; its `pattern` holds them out)."""
-    return {"pattern": _STRING.format(shortest, longest)}
+    which JSON forbids; its `pattern` holds them out). `maxLength` (and `minLength`) say
+    the same for readers; xgrammar goes by the pattern."""
+    lengths = {"minLength": shortest} if shortest else {}
+    return {"pattern": _string_pattern(shortest, longest), **lengths, "maxLength": longest}
+
+
+def _string_pattern(shortest: int, longest: int) -> str:
+    """`^C{shortest,longest}$` for a character class C, with no quantifier above
+    `_REPEAT`: `n` characters exactly as `(?:C{128}){q}C{r}`, and up to `n` as either
+    fewer than 128q characters or 128q and up to r more (n = 128q + r): one reading of
+    each length, so the grammar stays as small as the plain quantifier's."""
+
+    def exactly(n: int) -> str:
+        q, r = divmod(n, _REPEAT)
+        return (f"(?:{_CHAR}{{{_REPEAT}}}){{{q}}}" if q else "") + (f"{_CHAR}{{{r}}}" if r else "")
+
+    def up_to(n: int) -> str:
+        if n <= _REPEAT:
+            return f"{_CHAR}{{0,{n}}}"
+        q, r = divmod(n, _REPEAT)
+        fewer = (f"(?:{_CHAR}{{{_REPEAT}}}){{0,{q - 1}}}" if q > 1 else "") + (
+            f"{_CHAR}{{0,{_REPEAT - 1}}}"
+        )
+        more = exactly(_REPEAT * q) + (f"{_CHAR}{{0,{r}}}" if r else "")
+        return f"(?:{fewer}|{more})"
+
+    if longest <= _REPEAT:
+        return f"^{_CHAR}{{{shortest},{longest}}}$"
+    return f"^{exactly(shortest)}{up_to(longest - shortest)}$"
 
 
 def _string_bound(schema: dict[str, Any]) -> int | None:
     """The most characters of a string bounded here (by `_string`), else None."""
-    found = _STRING_BOUND.fullmatch(str(schema.get("pattern")))
-    return int(found.group(1)) if found and "format" not in schema else None
+    longest, pattern = schema.get("maxLength"), schema.get("pattern")
+    if "format" in schema or not isinstance(longest, int) or not isinstance(pattern, str):
+        return None
+    ours = pattern == _string_pattern(int(schema.get("minLength", 0)), longest)
+    return longest if ours else None
 
 
 def _resolve(root: Any, ref: str) -> dict[str, Any]:

@@ -230,6 +230,9 @@ def train(
             "tool's schema) or auto (it may answer without one)."
         ),
     ] = _A["first_tool_choice"],
+    call_max_tokens: Annotated[
+        int, typer.Option(min=8, help="Tokens of a forced first reply: room for its values.")
+    ] = _A["call_max_tokens"],
     strict_tools: Annotated[
         bool,
         typer.Option(help="Offer the tools strict: every call fits its tool's schema."),
@@ -336,6 +339,7 @@ def train(
                 max_tokens=max_tokens,
                 system_prompt=system_prompt or DEFAULT_SYSTEM,
                 first_tool_choice=first_tool_choice,
+                call_max_tokens=call_max_tokens,
                 strict_tools=strict_tools,
             ),
             generator=Endpoint(

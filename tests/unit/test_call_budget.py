@@ -91,6 +91,23 @@ def test_the_llama3_envelope_closes_too(engine_side):
     assert ended and tokens <= 128 and forced.tool_calls(text.decode(errors="replace"))
 
 
+def test_a_string_bound_beyond_xgrammars_repeat_limit_compiles_and_is_exact(engine_side):
+    """xgrammar 0.2.8 with its cache on (as vLLM runs it) fails to compile a quantifier
+    above 128 (`{0,129}`): a 40-character path at a budget of 1024 tokens needs more
+    than that, so a longer bound is written in pieces; every length is read exactly."""
+    from xgrammar.testing import _is_grammar_accept_string as accepts
+
+    compiler = engine_side[0]
+    for shortest, longest in [(0, 128), (0, 235), (3, 300)]:
+        path = {"type": "string", "minLength": shortest, "maxLength": longest}
+        schema = {"type": "object", "properties": {"path": path}, "required": ["path"]}
+        held = bounded_schema(schema, 4096)["properties"]["path"]
+        assert held["maxLength"] == longest
+        grammar = compiler.compile_json_schema(json.dumps(held), any_whitespace=False).grammar
+        for n in (0, shortest, 127, 128, 129, 200, longest, longest + 1):
+            assert accepts(grammar, json.dumps("a" * n)) is (shortest <= n <= longest), n
+
+
 def test_bounds_keep_the_schemas_own_and_never_cut_below_its_minimums():
     schema = {
         "type": "object",
