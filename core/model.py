@@ -157,11 +157,11 @@ class Model:
             "limits": httpx.Limits(max_connections=256, max_keepalive_connections=64),
         }
 
-    def rollout(self, **metadata: Scalar) -> Rollout:
+    def rollout(self, *, evaluation: bool = False, **metadata: Scalar) -> Rollout:
         """A scope whose chat completions through this model's async clients become one
         trajectory, as messages (a model outside the policy endpoint has no sampled
         tokens to keep): a teacher's demonstrations for `distill`, say."""
-        return CapturedRollout(self._recorder, **metadata)
+        return CapturedRollout(self._recorder, evaluation=evaluation, **metadata)
 
     def openai_client(self, *, record: bool = True, **kwargs: Any) -> AsyncOpenAI:
         """An `AsyncOpenAI` for this model; calls inside a rollout scope are recorded.

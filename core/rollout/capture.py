@@ -105,8 +105,10 @@ def _conversations(exchanges: list[Exchange]) -> list[History]:
 class CapturedRollout(Rollout):
     """A rollout scope for a plain model: its conversations kept as messages."""
 
-    def __init__(self, recorder: ClientRecorder, **metadata: Scalar) -> None:
-        super().__init__(recorder, **metadata)
+    def __init__(
+        self, recorder: ClientRecorder, *, evaluation: bool = False, **metadata: Scalar
+    ) -> None:
+        super().__init__(recorder, evaluation=evaluation, **metadata)
         recorder.open(self.trajectory.id)
 
     async def collect(self) -> Any:

@@ -491,10 +491,7 @@ def _log_discovery(config: MCPTrainConfig, found: Discovery) -> None:
         )
     )
     if problems := found.tools.unforceable():
-        _log(
-            "calls sampled freely and checked after (no forced first call, no strict "
-            f"tools): no grammar holds {'; '.join(problems)}"
-        )
+        _log(f"no forced first call, no strict tools: {'; '.join(problems)}")
 
 
 async def _split_scenarios(
