@@ -328,8 +328,8 @@ async def _turns(
     forced = config.first_tool_choice == "required" and _held(tools)
     while run.turns < config.max_turns and not run.finished:
         sent = len(messages)
-        # One call, with room for its values (see AgentConfig.call_max_tokens).
-        first: dict[str, Any] = (
+        # The forced first reply: one call, with room for its values (call_max_tokens).
+        turn: dict[str, Any] = (
             {
                 "tool_choice": "required",
                 "parallel_tool_calls": False,
@@ -344,7 +344,7 @@ async def _turns(
             tools=offered,
             temperature=config.temperature,
             extra_body=config.extra_body or None,
-            **first,
+            **turn,
         )
         run.turns += 1
         message = reply.choices[0].message
