@@ -5,6 +5,11 @@ kernel to sdpa. This measures what each choice costs on the Qwen3-4B shape (32 q
 heads, 8 key/value heads, head size 128), one row of `--sequences` x `--length` tokens:
 
   python bench/gpu/attention.py --sequences 4 --length 4096
+
+Then the trainer's own `segment_attention` on a pass of the whole-step benchmark (two
+GRPO groups: a 131-token prompt once, then 8 suffixes of 384 tokens each; and the same
+16 sequences unshared): the loop over pieces against one varlen call, their time and
+the largest difference of output and q/k/v gradients (`--groups`, `--prompt`, `--reply`).
 """
 
 from __future__ import annotations
@@ -34,6 +39,10 @@ def main() -> None:
     parser.add_argument("--sequences", type=int, default=4)
     parser.add_argument("--length", type=int, default=4096)
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--groups", type=int, default=2)
+    parser.add_argument("--prompt", type=int, default=131)
+    parser.add_argument("--reply", type=int, default=384)
+    parser.add_argument("--per-group", type=int, default=8)
     args = parser.parse_args()
     heads, kv_heads, dim = 32, 8, 128
     total = args.sequences * args.length
@@ -131,6 +140,64 @@ def main() -> None:
         )
 
     run("varlen_attn [T, H, D], k/v repeated", varlen_repeated)
+    compare_segment_attention(args, heads, kv_heads, dim)
+
+
+def _attend(attention, module, qkv, table, grad):
+    """segment_attention forward + backward; the output and the q/k/v gradients."""
+    inputs = [t.detach().clone().requires_grad_() for t in qkv]
+    out, _ = attention.segment_attention(module, *inputs, None, rlcoach_segments=table)
+    out.backward(grad)
+    return out.detach(), [t.grad for t in inputs]
+
+
+def compare_segment_attention(args, heads: int, kv_heads: int, dim: int) -> None:
+    from rlcoach.trainer import attention
+
+    shared, plain, at = [], [], 0
+    for _ in range(args.groups):
+        shared.append((at, at + args.prompt, at, at))
+        prefix, at = at, at + args.prompt
+        for _ in range(args.per_group):
+            shared.append((at, at + args.reply, prefix, prefix + args.prompt))
+            at += args.reply
+    at = 0
+    for _ in range(args.groups * args.per_group):
+        plain.append((at, at + args.prompt + args.reply, at, at))
+        at += args.prompt + args.reply
+    module = torch.nn.Module().eval()
+    for name, pieces in (("shared prefixes", shared), ("plain", plain)):
+        length = pieces[-1][1]
+        torch.manual_seed(0)
+        q0, k0, v0 = (
+            torch.randn(1, length, h, dim, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+            for h in (heads, kv_heads, kv_heads)
+        )
+        grad = torch.randn(1, length, heads, dim, device="cuda", dtype=torch.bfloat16)
+        table = torch.tensor(pieces)
+        results = {}
+        for varlen in (False, True):
+            attention.USE_VARLEN = varlen
+            results[varlen] = _attend(attention, module, (q0, k0, v0), table, grad)
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            for _ in range(args.iters):
+                _attend(attention, module, (q0, k0, v0), table, grad)
+            torch.cuda.synchronize()
+            ms = 1000 * (time.perf_counter() - started) / args.iters
+            label = "varlen, one call" if varlen else "loop over pieces"
+            print(f"segment_attention, {name}, {length} tokens, {label:18} {ms:7.2f} ms")
+        (out_a, grads_a), (out_b, grads_b) = results[False], results[True]
+        diffs = [(out_a - out_b).abs().max().item()] + [
+            (a - b).abs().max().item() for a, b in zip(grads_a, grads_b, strict=True)
+        ]
+        scale = out_a.abs().max().item()
+        print(
+            f"segment_attention, {name}: largest |loop - varlen| output {diffs[0]:.3g} "
+            f"(output up to {scale:.3g}), grad q {diffs[1]:.3g} k {diffs[2]:.3g} v {diffs[3]:.3g}",
+            flush=True,
+        )
+    attention.USE_VARLEN = True
 
 
 if __name__ == "__main__":

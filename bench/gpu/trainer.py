@@ -16,7 +16,7 @@ Each measurement runs in its own process, so peak memory is that run's alone.
   # a grid, each config for both sides, then a table of ratios (ours / TRL)
   python bench/gpu/trainer.py grid --model /tmp/m4b --configs 4x512+3584 1x1024+15360:ckpt
   (flags after ':' apply to our side: ckpt, nockpt, row<tokens>, chunk<tokens>,
-   profile, nocompile, nofuse, nofusedlogprob, noshare; notrl skips the peer; with
+   profile, nocompile, nofuse, nofusedlogprob, noshare, novarlen; notrl skips the peer; with
    --trl-same-flags TRL gets ckpt/nockpt too; `grid --shared-prompt` gives both sides
    one prompt per group)
   # no GPU: a tiny check of the plumbing on the CPU (any small model folder)
@@ -115,9 +115,11 @@ def _profile(step) -> None:
 
 def run_ours(args: argparse.Namespace) -> dict[str, object]:
     from rlcoach.config import TrainConfig
+    from rlcoach.trainer import attention
     from rlcoach.trainer.lora import LoraTrainer
     from rlcoach.trajectory.trajectories import SampledChoice, Trajectory, TrajectoryGroup
 
+    attention.USE_VARLEN = args.varlen
     data = _inputs(args.batch, args.prompt, args.completion, args.shared_prompt)
     vocab = json.loads(Path(args.model, "config.json").read_text())["vocab_size"]
     old = -float(torch.log(torch.tensor(float(vocab))))  # about a random model's logprob
@@ -176,6 +178,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, object]:
         "fused_logprob": args.fused_logprob,
         "shared_prompt": args.shared_prompt,
         "share_prefix": args.share_prefix,
+        "varlen": args.varlen,
         **WARMUP,
     }
 
@@ -313,6 +316,8 @@ def _spawn(
             command.append("--no-fused-logprob")
         elif flag == "noshare":
             command.append("--no-share-prefix")
+        elif flag == "novarlen":
+            command.append("--no-varlen")
         elif flag.startswith("chunk"):
             command[command.index("--chunk") + 1] = flag[5:]
         elif flag.startswith("row"):
@@ -411,6 +416,12 @@ def main() -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="our TrainConfig.share_prefix",
+    )
+    p.add_argument(
+        "--varlen",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="attend a row in one varlen call (trainer/attention.py; off: a loop over pieces)",
     )
     p.add_argument(
         "--ckpt",

@@ -30,7 +30,7 @@ import torch
 
 from rlcoach.errors import ConfigError
 
-__all__ = ["CPU_BF16_ENV", "autocast", "autocast_dtype", "cpu_bf16", "fast_bf16"]
+__all__ = ["CPU_BF16_ENV", "autocast", "autocast_dtype", "cpu_bf16", "fast_bf16", "upload"]
 
 CPU_BF16_ENV = "RLCOACH_CPU_BF16"
 """The environment variable that forces the CPU's bf16 decision (`0` or `1`)."""
@@ -77,3 +77,13 @@ def autocast(device: torch.device | str) -> torch.autocast:
     """The trainer's autocast on `device`: bf16 where it is fast, off (fp32) elsewhere."""
     kind = torch.device(device).type
     return torch.autocast(kind, dtype=torch.bfloat16, enabled=fast_bf16(device))
+
+
+def upload(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A host tensor on `device` without stalling a GPU: copied through pinned memory and
+    not waited for. A copy from pageable memory makes the GPU's stream synchronise first,
+    which leaves the GPU idle until the host queues the next kernel; the pinned buffer is
+    kept by torch's host allocator until the copy has run. Elsewhere a plain `.to`."""
+    if torch.device(device).type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)

@@ -29,15 +29,29 @@ whose prefix another piece holds. Its queries attend to the prefix's keys and th
 own, causally: [Q x (P+Q)] attention aligned bottom-right. sdpa's `is_causal` aligns
 top-left when the query and key lengths differ, so that case goes through a lower-right
 causal bias on a GPU (FlashAttention) and an explicit [Q x (P+Q)] mask elsewhere.
+
+On a GPU, where torch has `torch.nn.attention.varlen.varlen_attn` (FlashAttention over
+cumulative sequence lengths), a layer's whole row is attended in one call instead of the
+loop: the queries stay where they are, the keys and values of each piece are gathered
+(a suffix's prefix, then its own) into one [K x H x D] tensor whose gradient scatters back
+(summing over a prefix's suffixes), and the kernel's causal mask aligns bottom-right as a
+suffix needs. A layer then launches a handful of kernels instead of a few per piece, and
+the backward writes no zero-filled row per slice. The boundaries go to the GPU once per
+row (pinned, without waiting), not once per layer.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import itertools
-from typing import Any
+import threading
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
+
+from rlcoach.runtime.hardware import upload
 
 __all__ = [
     "SEGMENT_ATTENTION",
@@ -147,6 +161,8 @@ def segment_attention(
     flash = query_1HTD.is_cuda
     dropout = dropout if module.training else 0.0
     row_pieces = _pieces(rlcoach_segments, query_1HTD.shape[2])
+    if dropout == 0.0 and _varlen_serves(query_1HTD):
+        return _varlen_attention(query_1HTD, key_1KTD, value_1KTD, row_pieces, scaling, gqa), None
     tiled = all(a[1] == b[0] for a, b in itertools.pairwise(row_pieces)) and row_pieces[0][0] == 0
     if tiled and all(
         context_start == context_end for _, _, context_start, context_end in row_pieces
@@ -203,6 +219,150 @@ def segment_attention(
         )
     out_1HTD = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2)
     return out_1HTD.transpose(1, 2).contiguous(), None
+
+
+class VarlenPlan(NamedTuple):
+    """One row's pieces as the varlen kernel takes them: cumulative query and key lengths
+    [S+1], the row positions of every piece's keys (its context, then itself; None when
+    each piece's keys are its own queries' positions, in order) and the longest piece."""
+
+    cu_queries: list[int]
+    cu_keys: list[int]
+    key_positions: list[int] | None
+    max_queries: int
+    max_keys: int
+
+
+def varlen_plan(pieces: list[tuple[int, int, int, int]]) -> VarlenPlan | None:
+    """The varlen kernel's view of a row's pieces; None when the pieces do not tile the
+    row in order (the kernel reads the queries where they are)."""
+    if pieces[0][0] != 0 or any(a[1] != b[0] for a, b in itertools.pairwise(pieces)):
+        return None
+    cu_queries, cu_keys = [0], [0]
+    positions: list[int] = []
+    for start, end, context_start, context_end in pieces:
+        cu_queries.append(end)
+        positions.extend(range(context_start, context_end))
+        positions.extend(range(start, end))
+        cu_keys.append(len(positions))
+    shared = any(context_start != context_end for _, _, context_start, context_end in pieces)
+    return VarlenPlan(
+        cu_queries,
+        cu_keys,
+        positions if shared else None,
+        max(b - a for a, b in itertools.pairwise(cu_queries)),
+        max(b - a for a, b in itertools.pairwise(cu_keys)),
+    )
+
+
+USE_VARLEN = True
+"""Attend a row in one varlen call where the GPU and torch allow it (False: the loop over
+pieces, e.g. to compare the two in a benchmark)."""
+
+
+@functools.cache
+def _varlen_kernel() -> tuple[Any, dict[str, Any], bool] | None:
+    """torch's varlen attention, the keyword that makes it causal, and whether it takes
+    grouped key heads itself; None where this torch has none (its signature changed
+    between releases: `is_causal`, then `window_size`)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    parameters = inspect.signature(varlen_attn).parameters
+    if "is_causal" in parameters:
+        causal: dict[str, Any] = {"is_causal": True}
+    elif "window_size" in parameters:
+        causal = {"window_size": (-1, 0)}
+    else:
+        return None
+    return varlen_attn, causal, "enable_gqa" in parameters
+
+
+def _varlen_serves(query_1HTD: torch.Tensor) -> bool:
+    return (
+        USE_VARLEN
+        and query_1HTD.is_cuda
+        and query_1HTD.dtype in (torch.bfloat16, torch.float16)
+        and query_1HTD.shape[-1] <= 256
+        and _varlen_kernel() is not None
+    )
+
+
+class _Uploaded(NamedTuple):
+    pieces: tuple[tuple[int, int, int, int], ...]
+    device: torch.device
+    plan: VarlenPlan
+    cu_queries: torch.Tensor
+    cu_keys: torch.Tensor
+    key_positions: torch.Tensor | None
+
+
+_last_upload = threading.local()
+
+
+def _uploaded(pieces: list[tuple[int, int, int, int]], device: torch.device) -> _Uploaded | None:
+    """The row's plan on the device, uploaded once per row: every layer of a pass (and a
+    checkpointed layer's recomputation) attends the same pieces, so the last upload of
+    this thread is kept and reused while the pieces match."""
+    key = tuple(pieces)
+    last: _Uploaded | None = getattr(_last_upload, "row", None)
+    if last is not None and last.pieces == key and last.device == device:
+        return last
+    plan = varlen_plan(pieces)
+    if plan is None:
+        return None
+    uploaded = _Uploaded(
+        key,
+        device,
+        plan,
+        upload(torch.tensor(plan.cu_queries, dtype=torch.int32), device),
+        upload(torch.tensor(plan.cu_keys, dtype=torch.int32), device),
+        None if plan.key_positions is None else upload(torch.tensor(plan.key_positions), device),
+    )
+    _last_upload.row = uploaded
+    return uploaded
+
+
+def _varlen_attention(
+    query_1HTD: torch.Tensor,
+    key_1KTD: torch.Tensor,
+    value_1KTD: torch.Tensor,
+    pieces: list[tuple[int, int, int, int]],
+    scaling: float | None,
+    gqa: bool,
+) -> torch.Tensor:
+    """The row's attention in one varlen call (see the module's docstring); [1, T, H, D]."""
+    uploaded = _uploaded(pieces, query_1HTD.device)
+    kernel = _varlen_kernel()
+    assert kernel is not None and uploaded is not None, "checked by _varlen_serves"
+    varlen_attn, causal, takes_groups = kernel
+    # [1, H, T, D] views of [1, T, H, D] projections: [T, H, D] without a copy.
+    query_THD = query_1HTD[0].transpose(0, 1)
+    key_TKD, value_TKD = key_1KTD[0].transpose(0, 1), value_1KTD[0].transpose(0, 1)
+    if uploaded.key_positions is not None:
+        key_TKD = key_TKD.index_select(0, uploaded.key_positions)
+        value_TKD = value_TKD.index_select(0, uploaded.key_positions)
+    options = dict(causal)
+    if gqa and takes_groups:
+        options["enable_gqa"] = True
+    elif gqa:
+        repeat = query_THD.shape[1] // key_TKD.shape[1]
+        key_TKD = key_TKD.repeat_interleave(repeat, dim=1)
+        value_TKD = value_TKD.repeat_interleave(repeat, dim=1)
+    plan = uploaded.plan
+    out_THD = varlen_attn(
+        query_THD,
+        key_TKD,
+        value_TKD,
+        uploaded.cu_queries,
+        uploaded.cu_keys,
+        plan.max_queries,
+        plan.max_keys,
+        scale=scaling,
+        **options,
+    )
+    return out_THD[None]
 
 
 def register_segment_attention() -> None:

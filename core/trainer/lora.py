@@ -33,7 +33,7 @@ from torch.utils.checkpoint import checkpoint
 
 from rlcoach.config import TrainConfig
 from rlcoach.models.families import lora_targets
-from rlcoach.runtime.hardware import autocast
+from rlcoach.runtime.hardware import autocast, upload
 from rlcoach.trainer.attention import (
     SEGMENT_ATTENTION,
     register_segment_attention,
@@ -160,7 +160,7 @@ def chunked_token_logprobs(
     if predictors_T is None:
         hidden_TH = hidden_1TH[0, :-1]
     else:  # a shared prefix's last state predicts each of its suffixes' first token
-        hidden_TH = hidden_1TH[0].index_select(0, predictors_T.to(hidden_1TH.device))
+        hidden_TH = hidden_1TH[0].index_select(0, upload(predictors_T, hidden_1TH.device))
     targets_T = input_ids_1T[0, 1:]
 
     fused = (
@@ -258,9 +258,10 @@ class LoraTrainer:
         self.closed = False
 
     def row_logprobs(self, row: PackedRow, use_adapter: bool = True) -> torch.Tensor:
-        # non_blocking: no wait for the GPU at each row (see step.py's row_loss_terms).
-        ids = row.input_ids_T[None].to(self.device, non_blocking=True)
-        positions = row.position_ids_T[None].to(self.device, non_blocking=True)
+        ids, positions = (
+            upload(row.input_ids_T[None], self.device),
+            upload(row.position_ids_T[None], self.device),
+        )
         causal_lm = self.model.get_base_model()
         gpu = self.device.type == "cuda"
         options: dict[str, Any] = {

@@ -26,7 +26,7 @@ import torch
 
 from rlcoach.config import TrainConfig
 from rlcoach.errors import CheckpointError, ConfigError, TrainingDataError
-from rlcoach.runtime.hardware import autocast
+from rlcoach.runtime.hardware import autocast, upload
 from rlcoach.trainer.base import StepStats
 from rlcoach.trainer.checkpoint import full_tensor, load_checkpoint, save_optimizer_state
 from rlcoach.trainer.lora import (
@@ -134,8 +134,10 @@ class _RankTrainer:
         self.optimizer = build_optimizer(self.model, config, fused=False)
 
     def row_logprobs(self, row: PackedRow, use_adapter: bool = True) -> torch.Tensor:
-        ids = row.input_ids_T[None].to(self.device, non_blocking=True)
-        positions = row.position_ids_T[None].to(self.device, non_blocking=True)
+        ids, positions = (
+            upload(row.input_ids_T[None], self.device),
+            upload(row.position_ids_T[None], self.device),
+        )
         with autocast(self.device):  # as LoraTrainer: bf16 only where it is fast
             if use_adapter:
                 return self.root(ids, positions, True, row.segments)

@@ -35,6 +35,7 @@ from torch.profiler import record_function
 
 from rlcoach.config import TrainConfig
 from rlcoach.runtime.failpoints import poison
+from rlcoach.runtime.hardware import upload
 from rlcoach.trainer.base import StepStats
 from rlcoach.trainer.checkpoint import is_sharded
 from rlcoach.trainer.objective import (
@@ -151,14 +152,13 @@ def row_loss_terms(
     device = parts.device
     ref = parts.row_logprobs(row, use_adapter=False) if config.kl_coef > 0 else None
     new_T = parts.row_logprobs(row)
-    # non_blocking: a blocking host-to-device copy waits for the GPU to finish everything
-    # queued (cudaStreamSynchronize), leaving it idle at each row's start; from pageable
-    # memory the copy is staged before the call returns, so the source may change after.
+    # upload: a blocking host-to-device copy waits for the GPU to finish everything queued
+    # (cudaStreamSynchronize), leaving it idle at each row's start.
     return policy_loss(
         new_T,
-        row.old_logprobs_T[1:].to(device, non_blocking=True),
-        row.advantages_T[1:].to(device, non_blocking=True),
-        row.sampled_mask_T[1:].to(device, non_blocking=True),
+        upload(row.old_logprobs_T[1:], device),
+        upload(row.advantages_T[1:], device),
+        upload(row.sampled_mask_T[1:], device),
         normalizer=normalizer,
         kind=config.loss,
         clip_low=config.clip_low,

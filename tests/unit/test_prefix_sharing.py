@@ -5,7 +5,11 @@ bundled model's check is in test_sequences.py). tests/shared_prompts.py has the 
 and the comparison.
 """
 
+import itertools
+
+import pytest
 import torch
+import torch.nn.functional as F
 from shared_prompts import assert_shared_equals_plain, perturb_adapter, random_groups
 
 from rlcoach.config import TrainConfig
@@ -102,3 +106,92 @@ def test_dense_mask_and_flash_bias_paths_agree_with_segment_attention(tiny_model
         )
         flash = chunked_token_logprobs(fast, ids, positions, 64, segments=row.segments)
     torch.testing.assert_close(flash, want, atol=1e-5, rtol=0)
+
+
+def _reference_varlen(q_THD, k_TKD, v_TKD, cu_q, cu_k, max_q, max_k, *, scale, **options):
+    """FlashAttention's varlen contract, on the CPU: the queries of piece i (rows cu_q[i]..
+    cu_q[i+1]) attend its keys (cu_k[i]..cu_k[i+1]) causally, aligned bottom-right."""
+    assert options.get("window_size") == (-1, 0)
+    cu_q, cu_k, out = cu_q.tolist(), cu_k.tolist(), []
+    for (q0, q1), (k0, k1) in zip(itertools.pairwise(cu_q), itertools.pairwise(cu_k), strict=True):
+        assert q1 - q0 <= max_q and k1 - k0 <= max_k
+        allowed = torch.ones(q1 - q0, k1 - k0, dtype=torch.bool).tril(k1 - k0 - (q1 - q0))
+        heads = lambda t: t.transpose(0, 1)[None]  # noqa: E731
+        out.append(
+            F.scaled_dot_product_attention(
+                heads(q_THD[q0:q1]),
+                heads(k_TKD[k0:k1]),
+                heads(v_TKD[k0:k1]),
+                attn_mask=allowed,
+                scale=scale,
+                enable_gqa=options.get("enable_gqa", False),
+            )[0].transpose(0, 1)
+        )
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-prefix", "plain"])
+@pytest.mark.parametrize("takes_groups", [True, False], ids=["gqa-kernel", "heads-repeated"])
+def test_one_varlen_call_attends_a_row_as_the_loop_over_pieces_does(
+    monkeypatch, shared, takes_groups
+):
+    """The varlen path's plan (cumulative lengths, each piece's keys gathered from its
+    prefix and itself, grouped heads) gives the loop's output and q/k/v gradients on a
+    real packed row, the prefix's key gradients summed over its suffixes. The kernel is
+    CUDA-only, so it is the one seam faked: a CPU reference of its contract stands in."""
+    from rlcoach.trainer import attention
+
+    sequences, _, _ = collect_sequences(random_groups(seed=4, vocab=256), TrainConfig())
+    if shared:
+        (row,) = pack_shared(share_prefixes(sequences, 4096), 4096)
+    else:
+        (row,) = pack_sequences(sequences, 4096)
+    segments = row.segments or tuple(
+        (a, b, a, a) for a, b in itertools.pairwise(attention.segment_bounds(row.position_ids_T))
+    )
+    assert any(c != d for _, _, c, d in segments) == shared
+    length, generator = int(row.input_ids_T.shape[0]), torch.Generator().manual_seed(0)
+    q, k, v = (
+        torch.randn(1, length, heads, 16, generator=generator).transpose(1, 2)
+        for heads in (4, 2, 2)
+    )
+    grad = torch.randn(1, length, 4, 16, generator=generator)
+    module = torch.nn.Module().eval()
+
+    def attend():
+        inputs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        table = torch.tensor(segments)
+        out, _ = attention.segment_attention(module, *inputs, None, rlcoach_segments=table)
+        out.backward(grad)
+        return out.detach(), [t.grad for t in inputs]
+
+    want, want_grads = attend()
+    calls = []
+
+    def kernel(*args, **options):
+        calls.append(options)
+        return _reference_varlen(*args, **options)
+
+    monkeypatch.setattr(
+        attention, "_varlen_kernel", lambda: (kernel, {"window_size": (-1, 0)}, takes_groups)
+    )
+    monkeypatch.setattr(attention, "_varlen_serves", lambda query: True)
+    got, got_grads = attend()
+    assert len(calls) == 1 and calls[0].get("enable_gqa", False) == takes_groups
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    for got_grad, want_grad in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(got_grad, want_grad, atol=1e-5, rtol=0)
+
+
+def test_varlen_plan_gathers_each_suffixs_prefix_then_itself():
+    from rlcoach.trainer.attention import varlen_plan
+
+    plan = varlen_plan([(0, 4, 0, 0), (4, 6, 0, 4), (6, 9, 0, 4), (9, 11, 9, 9)])
+    assert plan is not None
+    assert plan.cu_queries == [0, 4, 6, 9, 11]
+    assert plan.cu_keys == [0, 4, 10, 17, 19]
+    assert plan.key_positions == [0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 6, 7, 8, 9, 10]
+    assert (plan.max_queries, plan.max_keys) == (4, 7)
+    plain = varlen_plan([(0, 3, 0, 0), (3, 8, 3, 3)])
+    assert plain is not None and plain.key_positions is None and plain.cu_keys == [0, 3, 8]
+    assert varlen_plan([(2, 4, 2, 2)]) is None  # not from the row's start: the loop's case
