@@ -90,24 +90,33 @@ def _untrained(constraint: str, choice: dict[str, Any]) -> dict[str, Any]:
 class RescoreGate:
     """Counts the chats in flight on the engine and lets a re-scoring run with none of
     them, where the engine needs that (`rescore_alone`, vLLM on a CPU); a no-op
-    elsewhere. New chats wait while a re-scoring waits or runs."""
+    elsewhere. New chats wait while a re-scoring waits or runs.
+
+    Re-scorings that wait together run together, one after another, in one pause of the
+    chats: the chats of a wave of rollouts end at about the same time, and each one's
+    re-scoring joins the pause the first one began instead of waiting for a pause of its
+    own (one pause each let a newly admitted chat run between two re-scorings, so a step's
+    rollouts advanced in waves of a few). They run one at a time even then: the engine
+    that needs the pause also fails on two prompt passes of an adapter in one batch."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self._active = 0
-        self._alone = False
+        self._rescoring = 0  # re-scorings waiting for the pause or running in it
         self._changed: asyncio.Condition | None = None  # made in the gateway's own loop
+        self._one_at_a_time: asyncio.Lock | None = None
 
     def _condition(self) -> asyncio.Condition:
         if self._changed is None:
             self._changed = asyncio.Condition()
+            self._one_at_a_time = asyncio.Lock()
         return self._changed
 
     async def enter(self) -> None:
         if self.enabled:
             changed = self._condition()
             async with changed:
-                await changed.wait_for(lambda: not self._alone)
+                await changed.wait_for(lambda: self._rescoring == 0)
                 self._active += 1
 
     async def leave(self) -> None:
@@ -124,13 +133,13 @@ class RescoreGate:
             return
         changed = self._condition()
         async with changed:
-            await changed.wait_for(lambda: not self._alone)
-            self._alone = True
+            self._rescoring += 1
             await changed.wait_for(lambda: self._active == 0)
         try:
-            yield
+            assert self._one_at_a_time is not None
+            async with self._one_at_a_time:
+                yield
         finally:
-            changed = self._condition()
             async with changed:
-                self._alone = False
+                self._rescoring -= 1
                 changed.notify_all()
