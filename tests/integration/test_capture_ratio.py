@@ -2,16 +2,17 @@
 the probability it had (issue 24).
 
 On-policy, the trainer's log-prob of each trained token must equal the sampler's, so the
-step's mean ratio exp(new - old) is 1 up to numerics (here: within 0.01). Under bf16
-autocast the trainer's log-prob of a token differs from vLLM's by about 0.05 on average,
-so each path samples about 100 tokens or more: the mean ratio of a few dozen is noise of
-about 0.01. Each test samples through one capture path with the real vLLM engine behind
-the policy endpoint (the session's), trains one step on it, and checks that ratio: the
-plain OpenAI client, a stream, a JSON schema, a forced tool call, a LangGraph app with a
-router, a ReAct sub-graph and a summariser sub-agent, and the MCP agent (`RemoteBackend`
-is checked in test_serve_vllm.py, on that module's server). Each step samples from the
-adapter the step before published, so every one is a first step for the data it trains
-on. `pytest -s` prints each path's ratio (the table in docs/capture.md).
+step's mean ratio exp(new - old) is 1 up to numerics: within four standard errors of
+the step's own per-token mismatch, at least 0.01 and at most 0.03 (tests/on_policy.py).
+Under bf16 autocast the trainer's log-prob of a token differs from vLLM's by about 0.05
+on average, so each path samples about 100 tokens or more. Each test samples through
+one capture path with the real vLLM engine behind the policy endpoint (the session's),
+trains one step on it, and checks that ratio: the plain OpenAI client, a stream, a JSON
+schema, a forced tool call, a LangGraph app with a router, a ReAct sub-graph and a
+summariser sub-agent, and the MCP agent (`RemoteBackend` is checked in
+test_serve_vllm.py, on that module's server). Each step samples from the adapter the
+step before published, so every one is a first step for the data it trains on.
+`pytest -s` prints each path's ratio (the table in docs/capture.md).
 
 Nothing is faked. The 135M model rarely calls a tool on its own, so the tool paths force
 the call the way users do (`tool_choice="required"`, LangChain's `"any"`): the endpoint
@@ -23,6 +24,7 @@ from typing import Literal
 
 import pytest
 import torch
+from on_policy import ratio_tolerance
 from pydantic import BaseModel
 from shop_app import build_app, shop_tools
 from tool_schemas import tool
@@ -34,7 +36,6 @@ from rlcoach.trainer.sequences import build_sequences, pack_sequences
 
 pytestmark = pytest.mark.vllm
 
-TOLERANCE = 0.01
 # Schema-true arguments for the follow-up turn too: a `strict` tool (without it vLLM lets
 # a call there be any JSON, and the 135M model writes a schema until max_tokens cuts it).
 ADD = tool("add", strict=True)
@@ -62,7 +63,8 @@ async def first_step(model: TrainableModel, trajectories, path: str) -> dict:
         f"\nratio | {path} | {stats['mean_ratio']:.4f} | {stats['sampled_tokens']} | "
         f"{stats['mismatch_abs_mean']:.4f} | {stats['mismatch_abs_max']:.3f} |"
     )
-    assert abs(stats["mean_ratio"] - 1.0) <= TOLERANCE, stats
+    tolerance = ratio_tolerance(stats["mismatch_kl_k3"], stats["sampled_tokens"])
+    assert abs(stats["mean_ratio"] - 1.0) <= tolerance, (tolerance, stats)
     return stats
 
 
