@@ -161,8 +161,9 @@ def segment_attention(
     flash = query_1HTD.is_cuda
     dropout = dropout if module.training else 0.0
     row_pieces = _pieces(rlcoach_segments, query_1HTD.shape[2])
-    if dropout == 0.0 and _varlen_serves(query_1HTD):
-        return _varlen_attention(query_1HTD, key_1KTD, value_1KTD, row_pieces, scaling, gqa), None
+    uploaded = _uploaded(row_pieces, query_1HTD) if dropout == 0.0 else None
+    if uploaded is not None:
+        return _varlen_attention(query_1HTD, key_1KTD, value_1KTD, uploaded, scaling, gqa), None
     tiled = all(a[1] == b[0] for a, b in itertools.pairwise(row_pieces)) and row_pieces[0][0] == 0
     if tiled and all(
         context_start == context_end for _, _, context_start, context_end in row_pieces
@@ -301,11 +302,16 @@ class _Uploaded(NamedTuple):
 _last_upload = threading.local()
 
 
-def _uploaded(pieces: list[tuple[int, int, int, int]], device: torch.device) -> _Uploaded | None:
-    """The row's plan on the device, uploaded once per row: every layer of a pass (and a
-    checkpointed layer's recomputation) attends the same pieces, so the last upload of
-    this thread is kept and reused while the pieces match."""
-    key = tuple(pieces)
+def _uploaded(
+    pieces: list[tuple[int, int, int, int]], query_1HTD: torch.Tensor
+) -> _Uploaded | None:
+    """The row's varlen plan on the query's device; None where the varlen call does not
+    serve (no GPU, a torch without it, other dtypes, pieces out of order). Uploaded once
+    per row: every layer of a pass (and a checkpointed layer's recomputation) attends the
+    same pieces, so the last upload of this thread is kept while the pieces match."""
+    if not _varlen_serves(query_1HTD):
+        return None
+    key, device = tuple(pieces), query_1HTD.device
     last: _Uploaded | None = getattr(_last_upload, "row", None)
     if last is not None and last.pieces == key and last.device == device:
         return last
@@ -328,14 +334,13 @@ def _varlen_attention(
     query_1HTD: torch.Tensor,
     key_1KTD: torch.Tensor,
     value_1KTD: torch.Tensor,
-    pieces: list[tuple[int, int, int, int]],
+    uploaded: _Uploaded,
     scaling: float | None,
     gqa: bool,
 ) -> torch.Tensor:
     """The row's attention in one varlen call (see the module's docstring); [1, T, H, D]."""
-    uploaded = _uploaded(pieces, query_1HTD.device)
     kernel = _varlen_kernel()
-    assert kernel is not None and uploaded is not None, "checked by _varlen_serves"
+    assert kernel is not None, "checked by _varlen_serves"
     varlen_attn, causal, takes_groups = kernel
     # [1, H, T, D] views of [1, T, H, D] projections: [T, H, D] without a copy.
     query_THD = query_1HTD[0].transpose(0, 1)

@@ -195,3 +195,16 @@ def test_varlen_plan_gathers_each_suffixs_prefix_then_itself():
     plain = varlen_plan([(0, 3, 0, 0), (3, 8, 3, 3)])
     assert plain is not None and plain.key_positions is None and plain.cu_keys == [0, 3, 8]
     assert varlen_plan([(2, 4, 2, 2)]) is None  # not from the row's start: the loop's case
+
+
+def test_pieces_out_of_row_order_are_attended_by_the_loop_even_where_varlen_serves(monkeypatch):
+    from rlcoach.trainer import attention
+
+    monkeypatch.setattr(attention, "_varlen_serves", lambda query: True)
+    monkeypatch.setattr(attention, "_varlen_kernel", lambda: pytest.fail("varlen was called"))
+    q, k, v = (torch.randn(1, heads, 10, 8) for heads in (2, 1, 1))
+    pieces = torch.tensor([(6, 10, 0, 0), (0, 6, 0, 0)])  # a suffix table, not in order
+    out, _ = attention.segment_attention(
+        torch.nn.Module().eval(), q, k, v, None, rlcoach_segments=pieces
+    )
+    assert out.shape == (1, 10, 2, 8)
