@@ -230,11 +230,11 @@ async def test_remote_backend_first_step_is_on_policy_and_streams_token_by_token
     await model.register(backend)
     client = model.openai_client()
     trajectories = []
-    # ~550 tokens: the mean ratio's standard error about 0.003 (tests/on_policy.py).
-    for stream in (False, True) * 6:
+    # ~150 tokens: the check allows the noise of their mean (tests/on_policy.py).
+    for stream in (False, True) * 3:
         async with model.rollout() as scope:
             reply = await client.chat.completions.create(
-                model=model.name, messages=QUESTION, max_tokens=96, stream=stream
+                model=model.name, messages=QUESTION, max_tokens=48, stream=stream
             )
             if stream:
                 pieces = [c.choices[0].delta.content async for c in reply if c.choices]
