@@ -243,7 +243,7 @@ async def main(args: argparse.Namespace) -> None:
             f"gateway, median of {len(timed)}: {parts['latency_s']:.3f} s "
             f"(write adapter {parts['save_adapter_s']:.3f} s, vLLM load "
             f"{parts['vllm_load_s']:.3f} s, first-token request {parts['first_token_s']:.3f} s;"
-            f" goal 0.5 s: {0.5 / parts['latency_s']:.2f}x)"
+            f" goal 0.3 s: {0.3 / parts['latency_s']:.2f}x)"
         )
 
 

@@ -44,7 +44,7 @@ from rlcoach.observe.sinks import SinkSet
 from rlcoach.paths import RunPaths, write_text_atomic
 from rlcoach.rollout.staleness import Staleness, drop_stale
 from rlcoach.runtime.failpoints import failpoint
-from rlcoach.trainer.base import SFTStats, Trainer
+from rlcoach.trainer.base import SFTStats, StepStats, Trainer
 from rlcoach.trajectory.trajectories import ChatRecord, Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
@@ -224,6 +224,14 @@ class StepRunner:
             why = (
                 f"the loss or gradient norm of mini-batch {stats.non_finite} was not "
                 "finite; nothing was saved or published"
+            )
+        elif isinstance(stats, StepStats) and stats.groups_skipped_no_variance < stats.groups:
+            staleness = trained.staleness or Staleness(0, model.step)
+            why = (
+                "no token to train: every trajectory was too stale "
+                f"({staleness.stale_dropped} dropped) or every sampled token was forced "
+                "by a constraint or left to the trainer's log-probs while other weights "
+                f"sampled it ({staleness.unscored_untrained} such replies)"
             )
         else:
             why = "no group had reward variance; nothing trained"

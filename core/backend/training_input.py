@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlcoach.errors import TrainingDataError
-from rlcoach.trainer.render import CLIENT_POLICY
 from rlcoach.trajectory.trajectories import ChatRecord, Trajectory, TrajectoryGroup
 
 __all__ = ["TrainingLimits", "check_examples", "check_groups", "training_limits"]
@@ -85,9 +84,9 @@ def check_trajectory(trajectory: Trajectory, limits: TrainingLimits, where: str)
                     f"max_model_len of {limits.max_model_len}",
                     "send calls the engine produced, or serve with a larger --max-model-len",
                 )
-            # NaN marks a rendered client reply's token without a sampler log-prob
-            # (trainer/render.py); nowhere else.
-            rendered = choice.policy == CLIENT_POLICY
+            # NaN marks a token without a sampler log-prob: in a rendered client reply
+            # (trainer/render.py) or a constrained choice left to the trainer; nowhere else.
+            rendered = choice.logprobs_may_be_unknown
             if not all(math.isfinite(x) or (rendered and math.isnan(x)) for x in choice.logprobs):
                 bad_index = next(
                     i

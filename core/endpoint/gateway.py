@@ -13,9 +13,10 @@ trainer can trust:
 - Streaming is token by token: each engine event is relayed as it comes, and the
   completion the events add up to is recorded when the stream ends (stream.py).
 - A completion sampled under a grammar (JSON schema, regex, a forced tool choice) is
-  recorded with the model's own log-probs, re-scored without the grammar, and with the
-  positions the grammar forced (constraint.py, rescore.py); the client gets the engine's
-  answer, with the top log-probs it asked for.
+  recorded with the model's own log-probs, re-scored without the grammar (or left to the
+  trainer, where the engine's prompt pass is slow: a CPU), and with the positions the
+  grammar forced (constraint.py, rescore.py); the client gets the engine's answer, with
+  the top log-probs it asked for.
 - A forced tool choice (`required`, a named tool) is sampled under the endpoint's own
   grammar of the model family's call envelope around schema-true arguments, and answered
   as tool calls read from the sampled text (call_grammar.py); a tool schema the grammar
@@ -41,7 +42,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -58,7 +59,7 @@ from rlcoach.endpoint.constraint import (
     unknown_tool_problem,
 )
 from rlcoach.endpoint.recorder import Recorder
-from rlcoach.endpoint.rescore import RescoreGate, rescored_choices, unscored_choices
+from rlcoach.endpoint.rescore import RescoreGate, constrained_choices
 from rlcoach.endpoint.router import Router
 from rlcoach.endpoint.schema_support import check_tool_schema
 from rlcoach.endpoint.scoring import prompt_logprobs_response
@@ -190,7 +191,10 @@ class Gateway:
         self.engine = engine
         self.router = router
         self.recorder = recorder or Recorder()
-        self._gate = RescoreGate(enabled=bool(getattr(engine, "rescore_alone", False)))
+        alone = bool(getattr(engine, "rescore_alone", False))
+        self._gate = RescoreGate(enabled=alone)
+        # Who computes a constrained completion's own log-probs (rescore.py).
+        self.constrained_logprobs: Literal["engine", "trainer"] = "trainer" if alone else "engine"
         self.call_timeout_s = call_timeout_s
         """Default limit of `call` (an engine start passes its own)."""
         self.host = host
@@ -441,11 +445,10 @@ class Gateway:
             return
         timing = {"started_at": call.received, "latency_s": latency_s}
         recorded = {**response, TIMING_KEY: timing}
-        if call.constraint is not None and call.evaluation:
-            recorded["choices"] = unscored_choices(call.constraint, response)
-        elif call.constraint is not None:
-            recorded["choices"] = await rescored_choices(
-                self.engine, self._gate, call.engine_name, call.constraint, response
+        if call.constraint is not None:
+            by = "evaluation" if call.evaluation else self.constrained_logprobs
+            recorded["choices"] = await constrained_choices(
+                response, call.constraint, by, self.engine, self._gate, call.engine_name
             )
         self.recorder.add(call.rollout_id, call.body, recorded)
 

@@ -4,15 +4,24 @@ vLLM reports a constrained token's log-prob after the grammar's mask (constraint
 says why that is wrong for training), so before the gateway (gateway.py) records a
 constrained completion, `rescored_choices` asks the engine for the log-probs of the
 same tokens without the grammar (`Engine.token_logprobs`) and marks the positions the
-grammar forced. The client still gets the engine's own answer. An evaluation rollout's
+grammar forced. The client still gets the engine's own answer.
+
+Where that prompt pass is slow and must run alone (`rescore_alone`: vLLM on a CPU,
+which batches by requests, not tokens, took 11.8 s for the log-probs of a 1,500-token
+prompt against 0.36 s without them), the gateway records no log-probs for a constrained
+completion (`trainer_scored_choices`) and the trainer computes them: it holds the
+weights that sampled a step's own rollouts when it trains them (on a CPU sampling and
+training never overlap), so its own log-probs are the model's, unconstrained, exact up
+to numerics; a choice sampled by other weights is not trained (rollout/staleness.py).
+An evaluation rollout's
 constrained completion (`model.rollout(evaluation=True)`) is not re-scored: it is kept
 as sampled, with every position marked forced, so none of it is ever trained
 (`unscored_choices`), as is one whose re-scoring fails.
 
-Where the engine cannot re-score while other chats run (`rescore_alone`: vLLM on a CPU,
-which batches by requests, not tokens), the `RescoreGate` that every chat passes lets
-the re-scoring wait until the engine has no chat in flight, and holds new chats until it
-is done.
+Where the engine cannot score prompts while other chats run (`rescore_alone`), the
+`RescoreGate` that every chat passes lets a re-scoring (with `constrained_logprobs=
+"engine"`) or a teacher's scoring (scoring.py) wait until the engine has no chat in
+flight, and holds new chats until it is done.
 """
 
 from __future__ import annotations
@@ -21,16 +30,33 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 from rlcoach.endpoint.constraint import forced_positions
 from rlcoach.engines.base import Engine, EngineHTTPError
 from rlcoach.errors import EngineError
 from rlcoach.trajectory.trajectories import CHOICE_KEY
 
-__all__ = ["RescoreGate", "rescored_choices", "unscored_choices"]
+__all__ = ["RescoreGate", "constrained_choices"]
 
 logger = logging.getLogger(__name__)
+
+
+async def constrained_choices(
+    response: dict[str, Any],
+    constraint: str,
+    by: Literal["engine", "trainer", "evaluation"],
+    engine: Engine,
+    gate: RescoreGate,
+    engine_name: str,
+) -> list[dict[str, Any]]:
+    """The choices of a constrained completion as recorded: re-scored by the engine, left
+    to the trainer, or (an evaluation's) kept as sampled and untrained."""
+    if by == "evaluation":
+        return unscored_choices(constraint, response)
+    if by == "trainer":
+        return trainer_scored_choices(constraint, response)
+    return await rescored_choices(engine, gate, engine_name, constraint, response)
 
 
 async def rescored_choices(
@@ -76,6 +102,19 @@ def unscored_choices(constraint: str, response: dict[str, Any]) -> list[dict[str
     """The choices of a constrained completion that is not re-scored (an evaluation's):
     the tokens kept with the engine's log-probs, none of them trained."""
     return [_untrained(constraint, choice) for choice in response["choices"]]
+
+
+def trainer_scored_choices(constraint: str, response: dict[str, Any]) -> list[dict[str, Any]]:
+    """The choices of a constrained completion whose log-probs the trainer computes: every
+    position recorded without one (None; NaN in the trajectory, which the trainer's own
+    log-prob at the sampling weights stands in for, objective.py), the forced ones marked."""
+    scored = []
+    for choice in response["choices"]:
+        content = (choice.get("logprobs") or {}).get("content") or []
+        entries = [{"token": entry.get("token"), "logprob": None} for entry in content]
+        extra = {"forced": forced_positions(choice), "constraint": constraint}
+        scored.append({**choice, "logprobs": {"content": entries}, CHOICE_KEY: extra})
+    return scored
 
 
 def _untrained(constraint: str, choice: dict[str, Any]) -> dict[str, Any]:

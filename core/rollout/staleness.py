@@ -16,6 +16,11 @@ Rules:
   name, a teacher served elsewhere) carry no version of this model; a trajectory made
   only of them is kept as it is (counted as `unversioned`): it is data the caller chose
   to train on, such as another model's samples for distillation.
+- A constrained choice recorded without log-probs (the policy endpoint left them to the
+  trainer, endpoint/rescore.py) is trained only by the weights that sampled it: the
+  trainer's own log-probs stand in for the sampler's, which is exact only there. Sampled
+  by another version (or under another name), it stays in its trajectory, every token
+  kept out of the loss, and is counted (`unscored_untrained`).
 - A trajectory is dropped, not its group: the rest of the group still compares rewards
   among themselves (a group left with one trajectory has no variance and trains nothing,
   which the trainer reports as usual).
@@ -27,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlcoach.models.served_name import ServedName
-from rlcoach.trajectory.trajectories import Trajectory, TrajectoryGroup
+from rlcoach.trajectory.trajectories import SampledChoice, Trajectory, TrajectoryGroup
 
 __all__ = ["Staleness", "drop_stale", "trajectory_version"]
 
@@ -44,6 +49,9 @@ class Staleness:
     """Trajectories older than the bound: not trained."""
     unversioned: int = 0
     """Trajectories with no choice sampled by this model's versions: kept as they are."""
+    unscored_untrained: int = 0
+    """Constrained choices without log-probs sampled by other weights than the trained
+    ones: kept out of the loss."""
     staleness_max: int = 0
     """The largest staleness among the kept versioned trajectories."""
     staleness_mean: float = 0.0
@@ -73,7 +81,7 @@ def drop_stale(
     than it (a sample from a checkpoint this backend has not resumed) counts as fresh.
     """
     kept_groups = []
-    dropped = unversioned = 0
+    dropped = unversioned = untrained = 0
     lags: list[int] = []
     for group in groups:
         kept = []
@@ -89,16 +97,55 @@ def drop_stale(
                 continue
             lags.append(lag)
             kept.append(trajectory)
-        if len(kept) == len(group.trajectories):
+        settled = [_unscored_settled(t, model_name, current_version) for t in kept]
+        marked = sum(count for _, count in settled)
+        untrained += marked
+        if len(kept) == len(group.trajectories) and not marked:
             kept_groups.append(group)
         else:
+            kept = [t for t, _ in settled]
             kept_groups.append(group.model_copy(update={"trajectories": kept}))
     staleness = Staleness(
         max_staleness=max_staleness,
         trained_version=current_version,
         stale_dropped=dropped,
         unversioned=unversioned,
+        unscored_untrained=untrained,
         staleness_max=max(lags, default=0),
         staleness_mean=sum(lags) / len(lags) if lags else 0.0,
     )
     return kept_groups, staleness
+
+
+def _unscored_settled(
+    trajectory: Trajectory, model_name: str, current_version: int
+) -> tuple[Trajectory, int]:
+    """The trajectory with each constrained choice that has no log-probs and was sampled by
+    other weights than version `current_version` of `model_name` marked forced at every
+    position (never trained), and how many such choices there were."""
+    count = 0
+
+    def settled(choices: list[SampledChoice]) -> list[SampledChoice]:
+        nonlocal count
+        out = []
+        for choice in choices:
+            unknown = choice.constraint is not None and any(x != x for x in choice.logprobs)
+            own = (
+                choice.policy_version == current_version
+                and ServedName.split(choice.policy)[0] == model_name
+            )
+            if unknown and not own:
+                count += 1
+                choice = choice.model_copy(update={"forced": list(range(len(choice.token_ids)))})
+            out.append(choice)
+        return out
+
+    choices = settled(trajectory.choices)
+    histories = [
+        h.model_copy(update={"choices": settled(h.choices)})
+        for h in trajectory.additional_histories
+    ]
+    if not count:
+        return trajectory, 0
+    update = {"choices": choices, "additional_histories": histories}
+    return trajectory.model_copy(update=update), count

@@ -23,6 +23,7 @@ model with the adapter disabled: no second copy.
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 from pathlib import Path
@@ -233,6 +234,29 @@ def serving_dtype(model: Any) -> torch.dtype:
     return next(frozen, torch.float32)
 
 
+def save_serving_adapter(model: Any, folder: Path) -> None:
+    """The adapter as an engine loads it — peft's `adapter_config.json` and
+    `adapter_model.safetensors`, peft's keys — in the engine's dtype (`serving_dtype`),
+    written for the publish's sake: the weights cross to the host in one copy (peft's
+    writer copies each of a 36-layer model's ~500 tensors on its own, each copy waiting
+    for the GPU) and no model card is written."""
+    from peft.utils import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    name = model.active_adapter
+    named = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+    state = get_peft_model_state_dict(model, state_dict=named, adapter_name=name)
+    dtype = serving_dtype(model)
+    host = torch.cat([t.reshape(-1).to(dtype) for t in state.values()]).cpu()
+    pieces = host.split([t.numel() for t in state.values()])
+    # each its own storage: safetensors refuses tensors that share one
+    tensors = {k: p.view(t.shape).clone() for (k, t), p in zip(state.items(), pieces, strict=True)}
+    save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    config = copy.deepcopy(model.peft_config[name])
+    config.inference_mode = True  # as peft writes it
+    config.save_pretrained(str(folder))
+
+
 def build_optimizer(model: Any, config: TrainConfig, fused: bool) -> torch.optim.AdamW:
     """AdamW over the model's trainable (LoRA) parameters, in `named_parameters` order."""
     return torch.optim.AdamW(
@@ -307,11 +331,7 @@ class LoraTrainer:
         if not serving:
             self.model.save_pretrained(folder)
             return
-        dtype = serving_dtype(self.model)
-        named = {
-            n: p.detach().to(dtype) for n, p in self.model.named_parameters() if p.requires_grad
-        }
-        self.model.save_pretrained(folder, state_dict=named)
+        save_serving_adapter(self.model, Path(folder))
 
     def save_optimizer(self, folder: Path) -> None:
         """Write AdamW's state (twice the adapter's size) atomically into `folder`."""

@@ -41,9 +41,11 @@ Loss (`policy_loss`)
 - `cispo`: `-sg(min(r, 1+eps_high)) * A * log pi` (MiniMax-M1): clips the importance
   weight, not the update, so every token keeps a gradient.
 - Behaviour log-probs missing (NaN: client-built replies without sampler log-probs,
-  trainer/render.py) are the trainer's own at the sampling weights, detached (ratio 1 on
-  the first optimizer step), as ART does; they are replaced before the mismatch is
-  measured and left out of it.
+  trainer/render.py; constrained replies the policy endpoint left to the trainer,
+  endpoint/rescore.py) are the trainer's own at the sampling weights, detached (ratio 1
+  on the first optimizer step; a later mini-batch gets them from a no-grad pass before
+  the first, step.py), as ART does; they are replaced before the mismatch is measured
+  and left out of it.
 - KL: off by default (`kl_coef=0`, as in DAPO and Dr.GRPO). When on, the k3 estimator
   `exp(ref-new) - (ref-new) - 1` against the base model (adapter disabled) is added per
   token, inside the same normalisation, instead of into the reward.
@@ -192,7 +194,7 @@ def policy_loss(
     sampling weights; default: `new_logprobs_T` detached, right for the first optimizer
     step on a batch) and each token is weighted by `truncated_importance_weights`.
 
-    A NaN sampler log-prob (a client-built reply without one, trainer/render.py) is
+    A NaN sampler log-prob (none recorded: a client-built reply, a constrained one) is
     replaced by the trainer's own at the sampling weights, detached, before anything
     else: that token's ratio starts at 1, its TIS weight is 1, and it is left out of the
     mismatch statistics (there is no sampler value to compare with)."""

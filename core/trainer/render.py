@@ -43,7 +43,13 @@ from rlcoach.errors import TrainingDataError
 from rlcoach.models.chat_template import template_messages
 from rlcoach.models.families import family_of
 from rlcoach.trajectory.histories import content_text
-from rlcoach.trajectory.trajectories import ClientChoice, History, SampledChoice, TrajectoryGroup
+from rlcoach.trajectory.trajectories import (
+    CLIENT_POLICY,
+    ClientChoice,
+    History,
+    SampledChoice,
+    TrajectoryGroup,
+)
 
 __all__ = [
     "CLIENT_POLICY",
@@ -53,9 +59,6 @@ __all__ = [
     "render_groups",
     "render_history",
 ]
-
-CLIENT_POLICY = "client"
-"""The `policy` of a rendered choice: sampled outside rlcoach's policy endpoint."""
 
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
 

@@ -37,7 +37,6 @@ import torch
 
 from rlcoach.errors import TrainingDataError
 from rlcoach.trainer.objective import teacher_advantages
-from rlcoach.trainer.render import CLIENT_POLICY
 from rlcoach.trajectory.trajectories import SampledChoice, Trajectory
 
 __all__ = [
@@ -126,11 +125,11 @@ def check_logprobs(trajectory: Trajectory) -> None:
         where = "the main history" if number == 0 else f"additional history {number - 1}"
         for index, choice in enumerate(choices):
             problem = None
-            # A reply rendered from a client-built trajectory (render.py) has NaN where no
-            # sampler log-prob was recorded; the loss uses the trainer's own there.
+            # NaN where no sampler log-prob was recorded (a rendered client reply, a
+            # constrained choice left to the trainer); the loss uses the trainer's own there.
             known = (
                 [lp for lp in choice.logprobs if not math.isnan(lp)]
-                if choice.policy == CLIENT_POLICY
+                if choice.logprobs_may_be_unknown
                 else choice.logprobs
             )
             if len(choice.logprobs) != len(choice.token_ids):

@@ -211,6 +211,15 @@ def _trainer_old_logprobs(
     return olds
 
 
+def _any_unknown(sequences: list[TrainSequence]) -> bool:
+    """Whether a trained token has no sampler log-prob (NaN: objective.py)."""
+    return any(
+        lp != lp and m
+        for s in sequences
+        for lp, m in zip(s.old_logprobs, s.sampled_mask, strict=True)
+    )
+
+
 def _backward_rows(
     parts: StepParts,
     rows: list[PackedRow],
@@ -264,9 +273,11 @@ def grpo_step(parts: StepParts, groups: list[TrajectoryGroup], c: TrainConfig) -
         with record_function("rlcoach.pack_rows"):
             rows_by_part = [parts.rows(part, c) for part in mini_batches]
         olds: list[list[torch.Tensor | None]] = [[None] * len(rows) for rows in rows_by_part]
-        if c.tis_cap is not None and len(mini_batches) > 1:
-            # Only here: with one mini-batch, or without TIS, the sampler's log-probs are
-            # the old ones and no pass recomputes them (objective.py).
+        if len(mini_batches) > 1 and (c.tis_cap is not None or _any_unknown(sequences)):
+            # Only here: with one mini-batch, or without TIS and with every sampler
+            # log-prob known, the sampler's log-probs are the old ones and no pass
+            # recomputes them (objective.py). An unknown one (NaN) is the trainer's own at
+            # the sampling weights, which a later mini-batch no longer has.
             with record_function("rlcoach.old_logprobs"):
                 olds = _trainer_old_logprobs(parts, rows_by_part)
         for number, (part, rows) in enumerate(zip(mini_batches, rows_by_part, strict=True)):

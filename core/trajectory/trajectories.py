@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import os
 import time
 import traceback
@@ -124,6 +125,10 @@ TIMING_KEY = "rlcoach_timing"
 `latency_s`) to its recorder, which takes it out (`Exchange.recorded`): no exchange, and
 nothing a client receives, carries it."""
 
+CLIENT_POLICY = "client"
+"""The `policy` of a reply the trainer rendered from a client-built trajectory
+(trainer/render.py): no sampler recorded its log-probs."""
+
 CHOICE_KEY = "rlcoach"
 """The key under which the policy endpoint hands its notes on a choice (`forced`
 positions, the `constraint`) to its recorder, which takes them out into `Exchange.notes`."""
@@ -153,8 +158,10 @@ class SampledChoice(Record):
     logprobs: list[float]
     """The engine's log-probability of each sampled token (the behaviour policy), from
     the model's own distribution: under a sampling constraint, the unconstrained one. NaN
-    only in a client-built reply the trainer rendered (`policy == "client"`), where none
-    was recorded; the trainer's own detached log-probs stand in for those (objective.py)."""
+    where none is known (`logprobs_may_be_unknown`): in a client-built reply the trainer
+    rendered (`policy == "client"`), and in a constrained choice whose log-probs the
+    policy endpoint left to the trainer (endpoint/rescore.py); the trainer's own detached
+    log-probs at the sampling weights stand in for those (objective.py)."""
     forced: list[int] = Field(default_factory=list)
     """Positions in `token_ids` that a sampling constraint forced (the only token it
     allowed): recorded and shown, never trained (see docs/capture.md)."""
@@ -180,6 +187,12 @@ class SampledChoice(Record):
     """Unix time the policy endpoint received the request (None if not recorded)."""
     latency_s: float | None = None
     """Seconds the engine took to answer it (None if not recorded)."""
+
+    @property
+    def logprobs_may_be_unknown(self) -> bool:
+        """Whether `logprobs` may hold NaN: a rendered client reply's or a constrained
+        choice's (see `logprobs`); any other choice's come from the sampler."""
+        return self.policy == CLIENT_POLICY or self.constraint is not None
 
     @model_validator(mode="before")
     @classmethod
@@ -246,7 +259,8 @@ def choice_from_response_json(
         finish_reason=choice.get("finish_reason"),
         prompt_token_ids=list(prompt_ids),
         token_ids=list(token_ids),
-        logprobs=[float(entry["logprob"]) for entry in content],
+        # None: a constrained choice whose log-probs the trainer computes (rescore.py)
+        logprobs=[math.nan if e["logprob"] is None else float(e["logprob"]) for e in content],
         forced=list(recorded.get("forced") or []),
         constraint=recorded.get("constraint"),
         policy=str(response.get("model", "")),

@@ -328,7 +328,8 @@ class LangfuseSink:
     def _generation(self, call: PolicyCall, parent: Any, limit: int) -> None:
         choice = call.choice
         prompt_tokens, output_tokens = len(choice.prompt_token_ids), len(choice.token_ids)
-        mean = sum(choice.logprobs) / len(choice.logprobs) if choice.logprobs else None
+        known = [x for x in choice.logprobs if x == x]  # NaN: left to the trainer
+        mean = sum(known) / len(known) if known else None
         generation = self._span(
             "generation",
             "policy",

@@ -9,7 +9,8 @@ on average, so each path samples about 100 tokens or more. Each test samples thr
 one capture path with the real vLLM engine behind the policy endpoint (the session's),
 trains one step on it, and checks that ratio: the plain OpenAI client, a stream, a JSON
 schema, a forced tool call, a LangGraph app with a router, a ReAct sub-graph and a
-summariser sub-agent, and the MCP agent (`RemoteBackend` is checked in
+summariser sub-agent, the MCP agent, and a forced call whose log-probs the endpoint left
+to the trainer (`RemoteBackend` is checked in
 test_serve_vllm.py, on that module's server). Each step samples from the adapter the
 step before published, so every one is a first step for the data it trains on.
 `pytest -s` prints each path's ratio (the table in docs/capture.md).
@@ -46,7 +47,13 @@ QUESTION = [{"role": "user", "content": "What is 2 + 3? Use the add tool."}]
 async def policy(vllm_backend):
     model = TrainableModel("on-policy", "integration", config={"learning_rate": 1e-4})
     await model.register(vllm_backend)
-    return model
+    # The paths below check what the endpoint records against the trainer, so constrained
+    # replies are re-scored by the engine (a GPU's default); a CPU engine leaves them to
+    # the trainer by default, checked by its own test at the end.
+    gateway = vllm_backend.gateway
+    default, gateway.constrained_logprobs = gateway.constrained_logprobs, "engine"
+    yield model
+    gateway.constrained_logprobs = default
 
 
 async def first_step(model: TrainableModel, trajectories, path: str) -> dict:
@@ -302,3 +309,57 @@ async def test_the_mcp_agent(policy):
     ]
     assert all(t.choices for t in trajectories)
     await first_step(policy, trajectories, "MCP agent (mcp-server-time)")
+
+
+async def test_a_forced_call_left_to_the_trainer_is_scored_as_the_engine_would(
+    policy, vllm_backend
+):
+    """On a CPU the endpoint records a constrained reply without log-probs and the
+    trainer's own at the sampling weights stand in (endpoint/rescore.py): no prompt pass
+    on the engine. That is exact: the engine's own log-probs of the same tokens (asked
+    afterwards through the endpoint's /v1/completions, as a teacher asks) agree with the
+    trainer's within the ratio check every path passes, and the same tokens are trained.
+    A step later the same replies are another version's samples and train nothing."""
+    from rlcoach import Teacher
+
+    gateway = vllm_backend.gateway
+    client = policy.openai_client()
+    left = []
+    gateway.constrained_logprobs = "trainer"
+    try:
+        for ask in ("Wake me at 6:30.", "An alarm at 7 every day.", "Alarm at noon.") * 2:
+            async with policy.rollout() as scope:
+                await client.chat.completions.create(
+                    model=policy.name,
+                    messages=[{"role": "user", "content": ask}],
+                    tools=[tool("set_alarm")],
+                    tool_choice="required",
+                    max_tokens=256,
+                )
+            left.append(scope.trajectory)
+    finally:
+        gateway.constrained_logprobs = "engine"
+    for trajectory in left:
+        [choice] = trajectory.choices
+        assert all(x != x for x in choice.logprobs) and choice.constraint
+        assert choice.forced and len(choice.forced) < len(choice.token_ids)
+
+    scored = [t.model_copy(deep=True) for t in left]
+    await Teacher(policy.served_name).score(policy, [TrajectoryGroup(scored)])
+    for trajectory in scored:
+        [choice] = trajectory.choices
+        trajectory.choices = [
+            choice.model_copy(
+                update={"logprobs": choice.teacher_logprobs, "teacher_logprobs": None}
+            )
+        ]
+    for a, b in zip(left, scored, strict=True):
+        masks = [[s.sampled_mask for s in build_sequences(t, 1.0)] for t in (a, b)]
+        assert masks[0] == masks[1]
+    await first_step(policy, scored, "forced call, log-probs left to the trainer")
+
+    for index, trajectory in enumerate(left):
+        trajectory.reward = float(index % 2)
+    result = await policy.train([TrajectoryGroup(left)])
+    assert not result.stats.trained
+    assert result.staleness is not None and result.staleness.unscored_untrained == len(left)

@@ -84,3 +84,30 @@ def test_optimizer_state_for_other_parameters_does_not_fit(tiny_model, trained, 
     torch.save(saved, tmp_path / OPTIMIZER_FILE)
     with pytest.raises(CheckpointError, match=r"optimizer state is for .* parameters.*fix:"):
         trainer.load(tmp_path)
+
+
+def test_the_serving_copy_is_what_peft_writes_in_the_engines_dtype(trained, tmp_path):
+    """The publish's own writer (`save_serving_adapter`: one host copy, no model card)
+    writes the files peft's `save_pretrained` would, key for key and value for value."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from rlcoach.trainer.lora import serving_dtype
+
+    trainer, _ = trained
+    ours, peft_own = tmp_path / "ours", tmp_path / "peft"
+    ours.mkdir()
+    trainer.save_adapter(ours, serving=True)
+    dtype = serving_dtype(trainer.model)
+    named = {
+        n: p.detach().to(dtype) for n, p in trainer.model.named_parameters() if p.requires_grad
+    }
+    trainer.model.save_pretrained(peft_own, state_dict=named)
+    mine, theirs = load_file(ours / ADAPTER_FILE), load_file(peft_own / ADAPTER_FILE)
+    assert mine.keys() == theirs.keys() and len(mine) > 0
+    assert all(mine[k].dtype == dtype and torch.equal(mine[k], theirs[k]) for k in mine)
+    configs = [json.loads((f / "adapter_config.json").read_text()) for f in (ours, peft_own)]
+    for config in configs:  # a set in peft, written in its iteration order
+        config["target_modules"] = sorted(config["target_modules"])
+    assert configs[0] == configs[1] and configs[0]["inference_mode"] is True

@@ -15,6 +15,7 @@ client are real.
 
 import copy
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -240,3 +241,47 @@ async def test_an_evaluation_rollouts_constrained_reply_is_kept_as_sampled_and_u
     assert choice.forced == list(range(len(choice.token_ids)))
     trajectory = Trajectory(choices=[choice], reward=1.0)
     assert build_sequences(trajectory, 1.0) == []  # nothing of it reaches a trainer
+
+
+async def test_a_constrained_reply_left_to_the_trainer_is_recorded_without_logprobs(
+    gateway, monkeypatch
+):
+    """Where the engine's prompt pass is slow (vLLM on a CPU: `rescore_alone`, the default
+    there), the gateway records a constrained reply with no log-probs and the trainer's
+    own stand in (rescore.py): the engine is asked nothing more, the forced positions are
+    marked as a re-scoring marks them, the free ones are trained, and the recording
+    crosses the wire (`rlcoach serve`) as JSON."""
+    import openai
+
+    from rlcoach.trainer.sequences import build_sequences, check_logprobs
+    from rlcoach.trajectory.exchange import Exchange
+    from rlcoach.trajectory.trajectories import Trajectory
+
+    async def never(*args):
+        raise AssertionError("a reply left to the trainer was re-scored by the engine")
+
+    monkeypatch.setattr(gateway.engine, "token_logprobs", never)
+    gateway.constrained_logprobs = "trainer"
+    client = openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="x", max_retries=0)
+    await client.chat.completions.create(
+        model=ReplayEngine.base_name,
+        messages=[{"role": "user", "content": "What is 2 + 3?"}],
+        extra_headers={ROLLOUT_HEADER: "t1"},
+        tools=TOOLS,
+        tool_choice="required",
+    )
+    [exchange] = gateway.recorder.take("t1")
+    exchange = Exchange.from_wire(json.loads(json.dumps(exchange.as_wire(), allow_nan=False)))
+    choice = exchange.sampled(0)
+    engine_said = [
+        e["logprob"] for e in CAPTURED["required"]["response"]["choices"][0]["logprobs"]["content"]
+    ]
+    assert len(choice.logprobs) == len(choice.token_ids) == len(engine_said)
+    assert all(math.isnan(x) for x in choice.logprobs)
+    assert choice.constraint == "tool_choice=required" and choice.logprobs_may_be_unknown
+    assert choice.forced and choice.forced == [i for i, lp in enumerate(engine_said) if lp == 0.0]
+    trajectory = Trajectory(choices=[choice], reward=1.0)
+    check_logprobs(trajectory)  # NaN is allowed here, and nowhere a sampler recorded
+    [sequence] = build_sequences(trajectory, 1.0)
+    trained = sequence.sampled_mask[-len(choice.token_ids) :]
+    assert trained == [0 if i in choice.forced else 1 for i in range(len(choice.token_ids))]

@@ -78,6 +78,40 @@ def test_drop_stale_keeps_the_bound_and_counts_what_it_drops():
     assert strict.stale_dropped == 3
 
 
+def test_a_constrained_choice_left_to_the_trainer_is_trained_only_by_its_own_weights():
+    """A constrained choice recorded without log-probs (endpoint/rescore.py) is trained by
+    the trainer's own log-probs, exact only at the weights that sampled it: sampled by
+    another version or name, it is kept out of the loss, counted, and its trajectory and
+    group stay (the rest of it still trains)."""
+    nan = float("nan")
+
+    def left(policy: str) -> SampledChoice:
+        return SampledChoice(
+            message={"role": "assistant", "content": '{"a": 1}'},
+            prompt_token_ids=[1, 2],
+            token_ids=[3, 4, 5],
+            logprobs=[nan, nan, nan],
+            forced=[0],
+            constraint="tool_choice=required",
+            policy=policy,
+        )
+
+    own = Trajectory(choices=[left("agent@3"), _choice("agent@3")], reward=1.0)
+    older = Trajectory(choices=[left("agent@2"), _choice("agent@3")], reward=0.0)
+    other = Trajectory(choices=[left("base-model")], reward=0.0)
+    other.additional_histories.append(History(choices=[left("agent@4")]))
+    groups = [TrajectoryGroup([own, older]), TrajectoryGroup([other])]
+    kept, staleness = drop_stale(groups, "agent", current_version=3, max_staleness=1)
+    assert staleness.unscored_untrained == 3 and staleness.stale_dropped == 0
+    assert staleness.as_dict()["unscored_untrained"] == 3  # in the step's metrics
+    [mine, theirs], [stranger] = (g.trajectories for g in kept)
+    assert mine is own and mine.choices[0].forced == [0]  # its own weights: trained as is
+    assert theirs.choices[0].forced == [0, 1, 2] and theirs.choices[1] == older.choices[1]
+    assert stranger.choices[0].forced == [0, 1, 2]
+    assert stranger.additional_histories[0].choices[0].forced == [0, 1, 2]
+    assert older.choices[0].forced == [0]  # the caller's trajectories are not changed
+
+
 def test_max_staleness_is_validated():
     assert TrainConfig().max_staleness == 1
     with pytest.raises(ConfigError, match="max_staleness=-1"):
