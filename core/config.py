@@ -99,8 +99,9 @@ class TrainConfig(_Strict):
     """Optimizer steps per batch of groups; 1 is one step per batch."""
     micro_batch_tokens: int = Field(1024, ge=64, le=1 << 20)
     """Tokens per forward/backward pass; sequences are packed up to this many (a longer
-    sequence gets a row of its own). Attention inside a row costs its length squared, so
-    rows only a little longer than typical sequences are fastest."""
+    sequence gets a row of its own, and longer sequences that share a prompt share it in
+    rows of up to twice the longest: trainer/sequences.py). Attention inside a row costs
+    its length squared, so rows only a little longer than typical sequences are fastest."""
     logprob_chunk_tokens: int = Field(1024, ge=16, le=1 << 20)
     """Tokens per chunk of the vocabulary projection (bounds the logits' memory)."""
     activation_checkpointing: bool = False

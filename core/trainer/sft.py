@@ -40,7 +40,7 @@ from rlcoach.errors import TrainingDataError
 from rlcoach.models.chat_template import template_messages
 from rlcoach.runtime.failpoints import poison
 from rlcoach.trainer.base import SFTStats
-from rlcoach.trainer.sequences import TrainSequence, build_sequences, pack_sequences
+from rlcoach.trainer.sequences import TrainSequence, build_sequences, pack_shared, share_prefixes
 from rlcoach.trainer.step import finite_update
 from rlcoach.trajectory.trajectories import ChatRecord, Trajectory, TrajectoryGroup
 
@@ -220,7 +220,11 @@ def sft_train(
             normalizer = float(sum(s.sampled_tokens for s in batch))
             trainer.optimizer.zero_grad(set_to_none=True)
             batch_loss = 0.0
-            for row in pack_sequences(batch, config.micro_batch_tokens):
+            # Examples framed alike (a system prompt, an agent's tools) share that prefix.
+            rows = pack_shared(
+                share_prefixes(batch, config.micro_batch_tokens), config.micro_batch_tokens
+            )
+            for row in rows:
                 logprobs_T = trainer.row_logprobs(row)
                 loss = sft_loss(
                     logprobs_T, row.sampled_mask_T[1:].to(logprobs_T.device), normalizer

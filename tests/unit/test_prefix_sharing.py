@@ -63,6 +63,26 @@ def test_a_group_larger_than_a_row_is_cut_with_the_prefix_in_each_part():
     assert all(u.prefix_tokens == 0 for u in share_prefixes(short, max_tokens=100))
 
 
+def test_sequences_longer_than_a_row_still_share_their_prompt_in_rows_of_twice_the_longest():
+    """An agent's prompt (its tools' schemas) can be longer than `micro_batch_tokens`: each
+    sequence is then a row over the limit on its own, and held to the limit none would
+    share. They share it in units of up to twice the longest sequence instead."""
+    prompt = list(range(1000, 1150))
+    sequences = [
+        TrainSequence(
+            [*prompt, *range(i * 40, i * 40 + 30)], [0] * 150 + [1] * 30, [0.0] * 180, 1.0, ""
+        )
+        for i in range(7)
+    ]
+    units = share_prefixes(sequences, max_tokens=100)
+    assert [(u.prefix_tokens, len(u.sequences), u.tokens) for u in units] == [(150, 7, 360)]
+    (row,) = pack_shared(units, max_tokens=100)
+    assert row.input_ids_T.shape[0] == 360  # not 7 rows of 180
+    # an eighth would pass twice the longest: it starts a unit of its own
+    units = share_prefixes([*sequences, sequences[0]], max_tokens=100)
+    assert sorted(len(u.sequences) for u in units) == [1, 7]
+
+
 def test_shared_log_probs_and_gradients_equal_the_plain_ones_on_a_tiny_model(tiny_model):
     """Tiny random Llama (GQA), KL term on (the reference pass shares too), rows small
     enough that a group is cut over several rows."""

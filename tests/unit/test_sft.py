@@ -168,3 +168,45 @@ def test_captured_calls_group_into_conversations():
     )
     assert [len(h.messages) for h in histories] == [4, 2]
     assert histories[0].messages[-1]["content"] == "a2"
+
+
+def test_examples_framed_alike_share_their_prefix_and_train_as_unshared(tiny_model, monkeypatch):
+    """Worked examples of one agent start with the same system prompt and tools: a batch
+    runs that prefix once (trainer/sequences.py) and trains as the unshared packing does
+    (the same loss up to rounding, on the tiny random Llama in this CPU's dtype; shared
+    rows' log-probs and gradients are checked in test_prefix_sharing.py)."""
+    from rlcoach.config import TrainConfig
+    from rlcoach.trainer import sft
+    from rlcoach.trainer.lora import LoraTrainer
+    from rlcoach.trainer.sequences import SharedPrefix, TrainSequence, pack_shared
+
+    prompt = list(range(10, 90))
+    sequences = [
+        TrainSequence(
+            [*prompt, *range(100 + 9 * i, 109 + 9 * i)],
+            [0] * 80 + [1] * 9,
+            [0.0] * 89,
+            1.0,
+            f"t{i}",
+        )
+        for i in range(4)
+    ]
+    config = SFTConfig(epochs=2, batch_size=4, learning_rate=1e-3, micro_batch_tokens=1024)
+    ran: list[int] = []
+
+    def counted(units, max_tokens):
+        rows = pack_shared(units, max_tokens)
+        ran.extend(int(r.input_ids_T.shape[0]) for r in rows)
+        return rows
+
+    monkeypatch.setattr(sft, "pack_shared", counted)
+
+    def train() -> float:
+        trainer = LoraTrainer(tiny_model, TrainConfig(seed=0), device="cpu")
+        return sft.sft_train(trainer, sequences, config).loss_first
+
+    shared_loss = train()
+    assert ran == [80 + 4 * 9] * 2  # the prompt once a batch, not four times
+    monkeypatch.setattr(sft, "share_prefixes", lambda s, m: [SharedPrefix(0, (x,)) for x in s])
+    assert train() == pytest.approx(shared_loss, rel=1e-2)  # the same loss, up to rounding
+    assert ran[2:] == [4 * 89] * 2
