@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rlcoach.autorl.dedupe import deduplicate, normalize_text
 from rlcoach.autorl.facts import Fact, key_facts, keyed_records
 from rlcoach.autorl.gameable import Gamed, common_facts, drop_gameable
-from rlcoach.autorl.split import split_records
+from rlcoach.autorl.split import split_by_share
 from rlcoach.autorl.types import InputRecord
 from rlcoach.model import Model
 from rlcoach.models.usage import ModelUsage
@@ -389,20 +389,12 @@ def _is_query(arguments: dict[str, Any]) -> list[bool]:
 def split_by_call(
     records: Sequence[InputRecord], eval_fraction: float, seed: int = 0
 ) -> tuple[list[InputRecord], list[InputRecord]]:
-    """(train, held out) with every request of one call on the same side; both sides get
-    a call when there are two or more (records without a call split by id)."""
-
-    def key(record: InputRecord) -> str:
-        return str(record.metadata.get("call") or record.id)
-
-    train, held_out = split_records(records, eval_fraction, seed, key=key)
-    keys = list(dict.fromkeys(key(r) for r in records))
-    if len(keys) >= 2 and (not train or not held_out):
-        moved = keys[-1] if not held_out else keys[0]
-        side = [r for r in records if key(r) == moved]
-        rest = [r for r in records if key(r) != moved]
-        train, held_out = (rest, side) if not held_out else (side, rest)
-    return train, held_out
+    """(train, held out) with every request of one call on the same side, the held-out
+    side holding about `eval_fraction` of the requests (whole calls, `split_by_share`)
+    and both sides a call when there are two or more (records without a call alone)."""
+    return split_by_share(
+        records, eval_fraction, seed, key=lambda r: str(r.metadata.get("call") or r.id)
+    )
 
 
 async def rephrase(
