@@ -77,8 +77,6 @@ def split_by_share(
             break
         held.add(name)
         count += sizes[name]
-    if len(sizes) < 2:
-        held = set()
     train = [r for r in records if key(r) not in held]
     return train, [r for r in records if key(r) in held]
 

@@ -141,11 +141,12 @@ def _unscored_settled(
         return out
 
     choices = settled(trajectory.choices)
-    histories = [
-        h.model_copy(update={"choices": settled(h.choices)})
-        for h in trajectory.additional_histories
-    ]
+    history_choices = [settled(h.choices) for h in trajectory.additional_histories]
     if not count:
         return trajectory, 0
+    histories = [
+        h.model_copy(update={"choices": c})
+        for h, c in zip(trajectory.additional_histories, history_choices, strict=True)
+    ]
     update = {"choices": choices, "additional_histories": histories}
     return trajectory.model_copy(update=update), count
