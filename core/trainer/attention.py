@@ -95,6 +95,19 @@ def _pieces(
     return pieces
 
 
+def _row_pieces(
+    segments: tuple[int, ...] | tuple[tuple[int, ...], ...] | torch.Tensor | None, length: int
+) -> list[tuple[int, int, int, int]]:
+    """`_pieces`, read once per row: every layer of a pass gets the same `segments`
+    object, so this thread's last one is kept (and held, so its id is not reused)."""
+    last = getattr(_row_cache, "segments", None)
+    if segments is not None and last is not None and last[0] is segments and last[1] == length:
+        return last[2]
+    pieces = _pieces(segments, length)
+    _row_cache.segments = (segments, length, pieces)
+    return pieces
+
+
 def _lower_right_causal(
     query_1HQD: torch.Tensor,
     key_1KSD: torch.Tensor,
@@ -160,7 +173,7 @@ def segment_attention(
     gqa = query_1HTD.shape[1] != key_1KTD.shape[1]
     flash = query_1HTD.is_cuda
     dropout = dropout if module.training else 0.0
-    row_pieces = _pieces(rlcoach_segments, query_1HTD.shape[2])
+    row_pieces = _row_pieces(rlcoach_segments, query_1HTD.shape[2])
     uploaded = _uploaded(row_pieces, query_1HTD) if dropout == 0.0 else None
     if uploaded is not None:
         return _varlen_attention(query_1HTD, key_1KTD, value_1KTD, uploaded, scaling, gqa), None
@@ -292,6 +305,8 @@ def _varlen_serves(query_1HTD: torch.Tensor) -> bool:
 
 class _Uploaded(NamedTuple):
     pieces: tuple[tuple[int, int, int, int], ...]
+    source: list[tuple[int, int, int, int]]
+    """The list `pieces` was made from (`_row_pieces` hands every layer the same one)."""
     device: torch.device
     plan: VarlenPlan
     cu_queries: torch.Tensor
@@ -299,7 +314,7 @@ class _Uploaded(NamedTuple):
     key_positions: torch.Tensor | None
 
 
-_last_upload = threading.local()
+_row_cache = threading.local()
 
 
 def _uploaded(
@@ -311,22 +326,27 @@ def _uploaded(
     same pieces, so the last upload of this thread is kept while the pieces match."""
     if not _varlen_serves(query_1HTD):
         return None
-    key, device = tuple(pieces), query_1HTD.device
-    last: _Uploaded | None = getattr(_last_upload, "row", None)
-    if last is not None and last.pieces == key and last.device == device:
+    device = query_1HTD.device
+    last: _Uploaded | None = getattr(_row_cache, "row", None)
+    if (
+        last is not None
+        and last.device == device
+        and (last.source is pieces or last.pieces == tuple(pieces))
+    ):
         return last
     plan = varlen_plan(pieces)
     if plan is None:
         return None
     uploaded = _Uploaded(
-        key,
+        tuple(pieces),
+        pieces,
         device,
         plan,
         upload(torch.tensor(plan.cu_queries, dtype=torch.int32), device),
         upload(torch.tensor(plan.cu_keys, dtype=torch.int32), device),
         None if plan.key_positions is None else upload(torch.tensor(plan.key_positions), device),
     )
-    _last_upload.row = uploaded
+    _row_cache.row = uploaded
     return uploaded
 
 

@@ -63,6 +63,41 @@ def test_a_group_larger_than_a_row_is_cut_with_the_prefix_in_each_part():
     assert all(u.prefix_tokens == 0 for u in share_prefixes(short, max_tokens=100))
 
 
+def test_groups_that_fit_no_row_whole_fill_the_rows_left_with_the_prefix_again():
+    """Six groups of 8 x (10 + 30) tokens in rows of 400: whole, one group a row (250 of
+    400); split, the rows are filled to the last 10% but for the last one, no sequence is
+    lost or repeated, and a unit whose suffixes are shorter than its prefix is not split."""
+    groups = [
+        [
+            TrainSequence(
+                [*range(g * 100, g * 100 + 10), *range(1000 + i * 30, 1030 + i * 30)],
+                [0] * 10 + [1] * 30,
+                [0.0] * 40,
+                1.0,
+                "",
+            )
+            for i in range(8)
+        ]
+        for g in range(6)
+    ]
+    sequences = [s for group in groups for s in group]
+    units = share_prefixes(sequences, max_tokens=400)
+    assert sorted(u.tokens for u in units) == [250] * 6
+    rows = pack_shared(units, max_tokens=400)
+    lengths = [int(r.input_ids_T.shape[0]) for r in rows]
+    assert len(rows) == 4 and max(lengths) <= 400 and min(lengths[:-1]) >= 360, lengths
+    assert sum(len(r.sequence_lengths) for r in rows) == len(sequences)
+    assert sum(int(r.sampled_mask_T.sum()) for r in rows) == 30 * len(sequences)
+    # 100 prompt + 2 reply tokens four times, beside a row with 105 free: two would fit
+    # with the prompt again, which would compute 100 tokens more to save 4
+    long_prompt = [
+        TrainSequence([*range(100), 500 + i, 600 + i], [0] * 100 + [1] * 2, [0.0] * 102, 1.0, "")
+        for i in range(4)
+    ]
+    rows = pack_shared(share_prefixes(long_prompt + groups[1], 355), 355)
+    assert sorted(int(r.input_ids_T.shape[0]) for r in rows) == [108, 250]
+
+
 def test_sequences_longer_than_a_row_still_share_their_prompt_in_rows_of_twice_the_longest():
     """An agent's prompt (its tools' schemas) can be longer than `micro_batch_tokens`: each
     sequence is then a row over the limit on its own, and held to the limit none would
