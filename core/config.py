@@ -24,6 +24,7 @@ __all__ = [
     "TrainConfig",
     "check_name",
     "parse_config",
+    "row_token_limit",
 ]
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -153,6 +154,17 @@ class TrainConfig(_Strict):
     def beta(self) -> float:
         """`kl_coef` under ART's and TRL's name."""
         return self.kl_coef
+
+
+def row_token_limit(max_tokens: int, longest: int, share_prefix: bool = True) -> int:
+    """The most tokens a trainer's row holds when its sequences are at most `longest`
+    tokens: `max_tokens` (`micro_batch_tokens`); a longer sequence is a row of its own,
+    and longer sequences that share a prompt share it in rows of up to twice the longest
+    (trainer/sequences.py). The GPU memory plan (runtime/memory.py) sizes the trainer's
+    peak by this, with `longest` the engine's `max_model_len`."""
+    if longest <= max_tokens:
+        return max_tokens
+    return 2 * longest if share_prefix else longest
 
 
 class SFTConfig(_Strict):

@@ -8,10 +8,12 @@ the model's `config.json` alone:
 - weights: every parameter in bf16, once in vLLM and once in the trainer;
 - LoRA: the adapter in fp32 with its gradient and AdamW's two moments (16 bytes a
   parameter), and vLLM's adapter slots (`max_loras` x `max_lora_rank`, bf16);
-- activations per token at `TrainConfig.micro_batch_tokens` (tokens of one forward and
-  backward pass): what one decoder layer keeps for the backward, in bf16, for every
-  layer (only the layer inputs plus one layer's worth with `activation_checkpointing`),
-  plus the vocabulary projection of one `logprob_chunk_tokens` chunk in fp32;
+- activations per token of the largest row the trainer builds (`row_token_limit`:
+  `TrainConfig.micro_batch_tokens`, or where `max_model_len` is longer, one sequence of
+  that length, twice that when long sequences share their prompt): what one decoder
+  layer keeps for the backward, in bf16, for every layer (only the layer inputs plus one
+  layer's worth with `activation_checkpointing`), plus the vocabulary projection of one
+  `logprob_chunk_tokens` chunk in fp32;
 - vLLM: its weights, adapter slots, a fixed allowance for activations and CUDA graphs,
   and a KV cache of at least one `max_model_len` sequence (vLLM refuses to start with
   less); while asleep (colocation.py) it keeps only the allowance for its CUDA context
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlcoach.config import row_token_limit
 from rlcoach.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -196,14 +199,14 @@ def _gib(value: float) -> str:
 def _trainer_bytes(
     shape: ModelShape,
     lora_rank: int,
-    micro_batch_tokens: int,
+    row_tokens: int,
     logprob_chunk_tokens: int,
     checkpointing: bool,
     compiled: bool,
 ) -> tuple[int, int]:
     resident = shape.params * 2 + shape.lora_params(lora_rank) * 16 + CUDA_CONTEXT_BYTES
-    activations = micro_batch_tokens * shape.activation_bytes_per_token(checkpointing, compiled)
-    logits = min(logprob_chunk_tokens, micro_batch_tokens) * shape.vocab * LOGIT_BYTES_PER_ELEMENT
+    activations = row_tokens * shape.activation_bytes_per_token(checkpointing, compiled)
+    logits = min(logprob_chunk_tokens, row_tokens) * shape.vocab * LOGIT_BYTES_PER_ELEMENT
     return resident, int(resident + MARGIN * (activations + logits))
 
 
@@ -222,6 +225,7 @@ def plan_memory(
     activation_checkpointing: bool,
     train_gpu_bytes: int | None = None,
     compiled_layers: bool = False,
+    share_prefix: bool = True,
 ) -> MemoryPlan:
     """Estimate one placement (see the module docstring). `colocation` is "split" or
     "sleep" for one shared GPU, "dedicated" when the trainer has its own
@@ -235,10 +239,11 @@ def plan_memory(
     )
     engine_need = engine_fixed + max_model_len * shape.kv_bytes_per_token()
     engine_bytes = int(gpu_memory_utilization * gpu_bytes)
+    row_tokens = row_token_limit(micro_batch_tokens, max_model_len, share_prefix)
     resident, peak = _trainer_bytes(
         shape,
         lora_rank,
-        micro_batch_tokens,
+        row_tokens,
         logprob_chunk_tokens,
         activation_checkpointing,
         compiled_layers,
@@ -254,8 +259,8 @@ def plan_memory(
         trainer_room = gpu_bytes - engine_bytes
         if peak > trainer_room:
             problems.append(
-                f"the trainer needs {_gib(peak)} at its peak ({micro_batch_tokens} tokens a "
-                f"pass) but gets {_gib(trainer_room)} beside vLLM"
+                f"the trainer needs {_gib(peak)} at its peak (rows of up to {row_tokens} "
+                f"tokens) but gets {_gib(trainer_room)} beside vLLM"
             )
     elif colocation == "sleep":
         if resident + engine_bytes > gpu_bytes:
@@ -265,16 +270,16 @@ def plan_memory(
             )
         if peak + VLLM_ASLEEP_BYTES > gpu_bytes:
             problems.append(
-                f"the trainer needs {_gib(peak)} at its peak ({micro_batch_tokens} tokens a "
-                f"pass) beside a sleeping vLLM's {_gib(VLLM_ASLEEP_BYTES)}, more than the "
+                f"the trainer needs {_gib(peak)} at its peak (rows of up to {row_tokens} "
+                f"tokens) beside a sleeping vLLM's {_gib(VLLM_ASLEEP_BYTES)}, more than the "
                 f"GPU's {_gib(gpu_bytes)}"
             )
     else:
         train_gpu = train_gpu_bytes or gpu_bytes
         if peak > train_gpu:
             problems.append(
-                f"the trainer needs {_gib(peak)} at its peak ({micro_batch_tokens} tokens a "
-                f"pass) but its GPU has {_gib(train_gpu)}"
+                f"the trainer needs {_gib(peak)} at its peak (rows of up to {row_tokens} "
+                f"tokens) but its GPU has {_gib(train_gpu)}"
             )
     kv_tokens = max((engine_bytes - engine_fixed) // shape.kv_bytes_per_token(), 0)
     return MemoryPlan(
@@ -292,7 +297,8 @@ def plan_memory(
 def _what_fits(base: dict[str, Any], shape: ModelShape) -> list[str]:
     """Up to three settings that would make a plan fit, the cheapest kinds of change
     first: the other colocation, checkpointing, vLLM's share, then pairs of those, and a
-    smaller micro-batch (slowest: more passes per step) last."""
+    smaller micro-batch or, where the longest sequences set the rows, shorter ones (slowest:
+    more passes per step, or less context) last."""
     utils = [u / 100 for u in range(95, 4, -5)]
     colocations: list[tuple[str, dict[str, Any]]] = []
     if (other := {"split": "sleep", "sleep": "split"}.get(base["colocation"])) is not None:
@@ -309,13 +315,21 @@ def _what_fits(base: dict[str, Any], shape: ModelShape) -> list[str]:
             ("TrainConfig(activation_checkpointing=True)", {"activation_checkpointing": True})
         ]
     shares = [(f"gpu_memory_utilization={u}", {"gpu_memory_utilization": u}) for u in utils]
-    batches = []
-    tokens = base["micro_batch_tokens"] // 2
-    while tokens >= 256:
-        batches.append(
-            (f"TrainConfig(micro_batch_tokens={tokens})", {"micro_batch_tokens": tokens})
-        )
-        tokens //= 2
+    batches: list[tuple[str, dict[str, Any]]] = []
+    if base["max_model_len"] <= base["micro_batch_tokens"]:
+        tokens = base["micro_batch_tokens"] // 2
+        while tokens >= 256:
+            batches.append(
+                (f"TrainConfig(micro_batch_tokens={tokens})", {"micro_batch_tokens": tokens})
+            )
+            tokens //= 2
+    else:  # the longest sequences set the rows (row_token_limit), not micro_batch_tokens
+        if base.get("share_prefix", True):
+            batches.append(("TrainConfig(share_prefix=False)", {"share_prefix": False}))
+        length = base["max_model_len"] // 2
+        while length >= max(base["micro_batch_tokens"], 256):
+            batches.append((f"EngineConfig(max_model_len={length})", {"max_model_len": length}))
+            length //= 2
     ranked = [
         [colocations],
         [checkpointing],
@@ -395,6 +409,7 @@ def check_gpu_memory(
         logprob_chunk_tokens=train.logprob_chunk_tokens,
         activation_checkpointing=train.activation_checkpointing,
         compiled_layers=train.compile_layers,
+        share_prefix=train.share_prefix,
     )
     logger.info(
         "GPU memory plan (%s): vLLM %.1f GiB of which KV cache for %d tokens; trainer peak "

@@ -162,3 +162,54 @@ def test_each_suggested_fix_fits():
 def test_a_config_without_the_sizes_is_a_clear_error():
     with pytest.raises(ConfigError, match="hidden_size"):
         ModelShape.from_config({"model_type": "mystery"})
+
+
+def test_rows_longer_than_the_micro_batch_are_planned_for():
+    """A sequence up to `max_model_len` is a row of its own, and long sequences sharing a
+    prompt share it in rows of up to twice that (trainer/sequences.py): the plan sizes the
+    peak by the packer's own `row_token_limit`, not by `micro_batch_tokens` alone, and
+    the fixes it offers then shorten the rows."""
+    from rlcoach.config import row_token_limit
+    from rlcoach.trainer.sequences import TrainSequence, pack_shared, share_prefixes
+
+    prompt = list(range(3000))
+    long = [
+        TrainSequence(
+            [*prompt, *range(5000 + i * 1000, 6000 + i * 1000)],
+            [0] * 3000 + [1] * 1000,
+            [0.0] * 4000,
+            1.0,
+            "",
+        )
+        for i in range(3)
+    ]
+    rows = pack_shared(share_prefixes(long, 1024), 1024)
+    assert max(int(r.input_ids_T.shape[0]) for r in rows) <= row_token_limit(1024, 4000)
+    assert row_token_limit(1024, 4096) == 8192 and row_token_limit(1024, 4096, False) == 4096
+    assert row_token_limit(8192, 4096) == 8192
+
+    shape = ModelShape.from_config(QWEN3_4B)
+    settings = {**SETTINGS, "logprob_chunk_tokens": 1024, "compiled_layers": True}
+    common = {"gpu_bytes": 139 * GiB, "colocation": "dedicated", "gpu_memory_utilization": 0.9}
+    short_rows = plan_memory(
+        shape, micro_batch_tokens=8192, activation_checkpointing=False, **common, **settings
+    )
+    default = plan_memory(
+        shape, micro_batch_tokens=1024, activation_checkpointing=False, **common, **settings
+    )
+    assert default.trainer_peak_bytes == short_rows.trainer_peak_bytes  # 2 x 4096 either way
+    base = {
+        "gpu_bytes": 80 * GiB,
+        "colocation": "split",
+        "gpu_memory_utilization": 0.6,
+        "micro_batch_tokens": 1024,
+        "activation_checkpointing": False,
+        **settings,
+    }
+    with pytest.raises(ConfigError, match="rows of up to 8192 tokens") as refused:
+        check_memory(shape, **base)
+    fixes = str(refused.value).split("Fix: ")[1]
+    assert "micro_batch_tokens=" not in fixes  # halving it would not shorten a row
+    assert plan_memory(shape, **{**base, "share_prefix": False}).trainer_peak_bytes < (
+        plan_memory(shape, **base).trainer_peak_bytes
+    )
