@@ -45,6 +45,7 @@ __all__ = [
     "GroundedCall",
     "answer_facts",
     "call_key",
+    "cut_result",
     "grounded_scenarios",
     "rephrase",
     "split_by_call",
@@ -72,6 +73,27 @@ class GroundedCall(BaseModel):
     after: int | None = None
     """The index, among the same exploration's calls, of the call whose answer supplied
     this call's values (a listing's name, a row's id): a chain of two calls."""
+
+
+def cut_result(text: str, limit: int) -> str:
+    """A tool's result as an agent is shown it: cut to `limit` characters, the cut marked
+    with how much was left out (`rlcoach mcp` agents' `result_chars`). The grounded writer
+    reads results the same way, so no request needs what the agent cannot see."""
+    kept = _kept_chars(text, limit)
+    if kept == len(text):
+        return text
+    return text[:kept] + _cut_marker(len(text) - kept, limit)
+
+
+def _cut_marker(left_out: int, limit: int) -> str:
+    return f"\n[... {left_out} more characters cut by rlcoach; result_chars={limit}]"
+
+
+def _kept_chars(text: str, limit: int) -> int:
+    """How much of `text` `cut_result` keeps."""
+    if len(text) <= limit:
+        return len(text)
+    return max(limit - len(_cut_marker(len(text), limit)), 0)
 
 
 def call_key(tool: str, arguments: dict[str, Any]) -> str:
@@ -240,9 +262,11 @@ def _asked_rank(record: dict[str, str]) -> Any:
 _ORDINALS = ["first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth"]
 
 
-def _chained_requests(call: GroundedCall, first: GroundedCall) -> list[str]:
+def _chained_requests(call: GroundedCall, first: GroundedCall, first_cut: bool) -> list[str]:
     """Two-step requests: `first`'s answer names the value `call` was made with, and the
-    request says which one by its place in that answer, never by the value itself."""
+    request says which one by its place in that answer, never by the value itself (its
+    place from the start: "last" only in a listing the agent is shown whole, not
+    `first_cut`)."""
     from rlcoach.autorl.facts import listed_items
 
     items = listed_items(first.result)
@@ -262,7 +286,7 @@ def _chained_requests(call: GroundedCall, first: GroundedCall) -> list[str]:
         return []  # every value not stated must come from the listing
     place = places[0]
     assert place is not None
-    ordinal = "last" if place == len(items) - 1 and place >= 3 else None
+    ordinal = "last" if place == len(items) - 1 and place >= 3 and not first_cut else None
     if ordinal is None and place < len(_ORDINALS):
         ordinal = _ORDINALS[place]
     if ordinal is None:
@@ -315,6 +339,13 @@ def grounded_scenarios(
     multi-step ones (a call whose values came from an earlier call's answer) first.
     Requests a trivial reply scores 0.2 or more on are dropped (`gameable.py`) and, with
     `rejected`, appended to it with the reply that beat them."""
+    # what the agent is shown of each result (its start, `cut_result`): every item, record
+    # and fact a request needs comes from it
+    cut = [_kept_chars(c.result, result_chars) < len(c.result) for c in calls]
+    calls = [
+        c.model_copy(update={"result": c.result[: _kept_chars(c.result, result_chars)]})
+        for c in calls
+    ]
     common = common_facts(calls)
     per_call: list[list[InputRecord]] = []
     chained: list[list[InputRecord]] = []
@@ -328,7 +359,8 @@ def grounded_scenarios(
             continue  # a bare SELECT that answers no question: a step, not a task
         else:
             if first is not None:  # the two-call task, and the one-call task beside it
-                options = [(t, first) for t in _chained_requests(call, first)]
+                assert call.after is not None
+                options = [(t, first) for t in _chained_requests(call, first, cut[call.after])]
             for text, asked, about in _record_questions(call):
                 record = _record(call, text, asked, None, result_chars)
                 metadata = {**record.metadata, "about": about}  # the record's naming value

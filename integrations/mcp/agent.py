@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ConfigDict, Field
 
+from rlcoach.autorl.grounded import cut_result
 from rlcoach.config import parse_config
 from rlcoach.errors import ConfigError, RLCoachError
 from rlcoach.integrations.mcp.connection import Connection, ServerSpec, connect
@@ -62,7 +63,6 @@ __all__ = [
     "offered_tools",
     "run_agent",
     "tool_use_check",
-    "truncate",
 ]
 
 FINISH_TOOL = "final_answer"
@@ -173,15 +173,6 @@ def tool_use_check(run: AgentRun) -> float:
     return 0.5 + 0.3 * run.finished + 0.2 * clean
 
 
-def truncate(text: str, limit: int) -> str:
-    """`text` cut to `limit` characters, the cut marked with how much was left out."""
-    if len(text) <= limit:
-        return text
-    marker = f"\n[... {{}} more characters cut by rlcoach; result_chars={limit}]"
-    keep = max(limit - len(marker.format(len(text))), 0)
-    return text[:keep] + marker.format(len(text) - keep)
-
-
 def _finish_tool() -> Tool:
     return {
         "type": "function",
@@ -245,7 +236,7 @@ async def _call(
             f"did not answer within call_timeout_s={config.call_timeout_s}; "
             "raise call_timeout_s if the tool is just slow"
         ) from e
-    text = truncate(result.text or "(no output)", config.result_chars)
+    text = cut_result(result.text or "(no output)", config.result_chars)
     run.calls.append(CallRecord(name, raw, "tool_error" if result.is_error else "ok", text))
     if result.is_error and not text.startswith("error"):
         text = f"error: {text}"
@@ -455,7 +446,7 @@ def _worked(
     answer: str | None,
     result_chars: int,
 ) -> list[Message]:
-    shown = truncate(result, result_chars)
+    shown = cut_result(result, result_chars)
     call_id = f"call_example_{index}"
     call = {
         "id": call_id,

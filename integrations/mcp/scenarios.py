@@ -21,10 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from rlcoach.autorl.gameable import GAMEABLE_AT, Gamed
-from rlcoach.autorl.grounded import answer_facts, grounded_scenarios, rephrase, worked_answer
+from rlcoach.autorl.grounded import (
+    answer_facts,
+    cut_result,
+    grounded_scenarios,
+    rephrase,
+    worked_answer,
+)
 from rlcoach.autorl.types import InputRecord
 from rlcoach.errors import ConfigError
-from rlcoach.integrations.mcp.agent import truncate
 from rlcoach.integrations.mcp.connection import ServerSpec
 from rlcoach.integrations.mcp.explore import Exploration, explore
 from rlcoach.integrations.mcp.safety import ToolSafety
@@ -190,7 +195,7 @@ def worked_examples(
                 {
                     "role": "tool",
                     "tool_call_id": call_id,
-                    "content": truncate(str(step["result"]), result_chars),
+                    "content": cut_result(str(step["result"]), result_chars),
                 },
             ]
         messages.append({"role": "assistant", "content": worked_answer(answer_facts(record))})

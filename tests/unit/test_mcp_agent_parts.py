@@ -6,13 +6,13 @@ import json
 import pytest
 import typer
 
+from rlcoach.autorl.grounded import cut_result
 from rlcoach.errors import ConfigError
 from rlcoach.integrations.mcp.agent import (
     AgentRun,
     CallRecord,
     example_arguments,
     tool_use_check,
-    truncate,
 )
 from rlcoach.integrations.mcp.cli import read_examples, server_spec
 from rlcoach.integrations.mcp.discovery import load_check
@@ -49,9 +49,9 @@ def test_example_arguments_prefer_what_the_schema_says():
     assert example_arguments({"type": "object", "properties": {}}) == {}
 
 
-def test_truncate_marks_the_cut_and_keeps_the_limit():
-    assert truncate("short", 40) == "short"
-    cut = truncate("y" * 500, 80)
+def test_cut_result_marks_the_cut_and_keeps_the_limit():
+    assert cut_result("short", 40) == "short"
+    cut = cut_result("y" * 500, 80)
     assert len(cut) <= 80 and cut.startswith("y") and "more characters cut" in cut
     assert str(500 - cut.index("\n")) in cut
 

@@ -84,6 +84,60 @@ def test_a_listing_of_records_gives_questions_about_one_record_and_chains_by_pla
     assert all("fe7f1f2" not in r.text for r in chained)  # found by the first call
 
 
+def test_no_request_needs_what_the_agent_is_not_shown_of_a_cut_result():
+    """A log of six commits cut at `result_chars` shows the agent the first three or so:
+    the grounded writer reads the same cut text, so no two-call task points at a commit
+    past the cut (nor says "last": the agent cannot see the listing's end), and no
+    question asks about a record past it (before, the writer read the whole result)."""
+    people = [
+        "Grace Hopper",
+        "Ada Lovelace",
+        "Alan Turing",
+        "Edsger Dijkstra",
+        "Barbara Liskov",
+        "Donald Knuth",
+    ]
+    hashes = [f"{i:x}" * 40 for i in range(10, 16)]
+    log = "Commit history:\n" + "".join(
+        f"Commit: {h}\nAuthor: {who}\nDate: 2026-11-0{i + 1} 10:00:00+00:00\n"
+        f"Message: Note number {i + 1} by {who.split()[0]}\n\n\n"
+        for i, (h, who) in enumerate(zip(hashes, people, strict=True))
+    )
+    limit = log.index(hashes[3]) + 10  # the agent sees three commits and a piece of the 4th
+
+    def show(index: int) -> GroundedCall:
+        return GroundedCall(
+            tool="git_show",
+            description="Shows the contents of a commit.",
+            parameters={"properties": {**REPO, "revision": {"type": "string"}}},
+            arguments={"repo_path": "/srv/repo", "revision": hashes[index]},
+            result=f"commit {hashes[index]}\nAuthor: {people[index]}\n\n    Change {index}"
+            f"\n+Buy {index + 3} lamps",
+            after=0,
+        )
+
+    first = GroundedCall(
+        tool="git_log",
+        description="Shows the commit logs.",
+        parameters={"properties": REPO},
+        arguments={"repo_path": "/srv/repo"},
+        result=log,
+    )
+    records = grounded_scenarios([first, show(1), show(5)], 40, result_chars=limit)
+    chained = [r for r in records if r.metadata["source"] == "grounded, two calls"]
+    assert chained and all(hashes[1] in r.metadata["arguments"] for r in chained)
+    assert not any("last" in r.text for r in chained)
+    asked = [r for r in records if "tell me: what is" in r.text]
+    assert asked and not any(who in r.text for r in asked for who in people[3:])
+    # shown whole, the sixth commit is the last one listed
+    whole = grounded_scenarios([first, show(1), show(5)], 40, result_chars=len(log))
+    assert any(
+        "last" in r.text and hashes[5] in r.metadata["arguments"]
+        for r in whole
+        if r.metadata["source"] == "grounded, two calls"
+    )
+
+
 def test_a_call_that_worked_is_varied_one_argument_at_a_time():
     synth = ArgumentSynthesizer(seed=0, hints=["--repository", "/srv/repo"])
     schema = {
