@@ -51,12 +51,12 @@ CUDA_CONTEXT_BYTES = int(0.75 * GiB)
 VLLM_OVERHEAD_BYTES = int(3.0 * GiB)
 """vLLM beyond weights and KV cache: profiled activations, sampler buffers, CUDA graphs."""
 VLLM_ASLEEP_BYTES = int(1.5 * GiB)
+"""What a sleeping vLLM (level 1) keeps: its context and CUDA graph pool."""
 VLLM_BEYOND_SHARE_BYTES = int(2.75 * GiB)
 """What vLLM's process holds beyond `gpu_memory_utilization` x the GPU (its CUDA context
 and what it allocates outside the share): measured 2.65 GiB on an H100 with vLLM 0.26 and
 CUDA graphs (34.35 GiB in use at a 0.4 share of 79.2 GiB), where a trainer estimated to
 fit in the rest ran out of memory (docs/benchmarks-gpu.md)."""
-"""What a sleeping vLLM (level 1) keeps: its context and CUDA graph pool."""
 ACTIVATION_ELEMENTS = (14, 1, 1, 4)
 """bf16 elements one decoder layer keeps per token for the backward, as multiples of
 (hidden, attention width heads x head_dim, key/value width, MLP width). Fitted to the
