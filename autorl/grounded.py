@@ -14,7 +14,8 @@ dates, names the request does not already state; two, because a small model lear
 restate two facts long before three) in its metadata: the answer key a checkable
 reward needs. A request is kept only if it is solvable — the recorded call answers it:
 the call worked, every argument value is in the text, and the result has a fact the
-request does not give away — and is not an exact duplicate. `split_by_call` splits train
+request does not give away — and is not an exact duplicate. Every result is read as the
+agent is shown it (`cut_result` at `result_chars`). `split_by_call` splits train
 and held-out by call, so a held-out answer is never trained on in other words.
 
 `rephrase(records, generator)` lets a named generator reword the requests (the values
