@@ -342,10 +342,10 @@ def grounded_scenarios(
     `rejected`, appended to it with the reply that beat them."""
     # what the agent is shown of each result (its start, `cut_result`): every item, record
     # and fact a request needs comes from it
-    cut = [_kept_chars(c.result, result_chars) < len(c.result) for c in calls]
+    kept = [_kept_chars(c.result, result_chars) for c in calls]
+    cut = [k < len(c.result) for k, c in zip(kept, calls, strict=True)]
     calls = [
-        c.model_copy(update={"result": c.result[: _kept_chars(c.result, result_chars)]})
-        for c in calls
+        c.model_copy(update={"result": c.result[:k]}) for k, c in zip(kept, calls, strict=True)
     ]
     common = common_facts(calls)
     per_call: list[list[InputRecord]] = []
